@@ -1,0 +1,2 @@
+"""Hybrid Spark for SGLang."""
+__version__ = "0.1.0"

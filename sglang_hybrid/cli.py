@@ -1,0 +1,50 @@
+"""``hybrid-spark``: the project's command line.
+
+Subcommands: ``simulate`` (replay workloads through the real drafting and selection code), ``workloads``
+(build the code-edit and chat workloads), ``calibrate`` (fit an n-gram calibration table) and ``check``
+(verify the installed SGLang matches the API the plugin was built for, and that HYBRID_SPARK registers).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def _check(argv: list[str]) -> int:
+    from .sglang_plugin.hooks import SUPPORTED_SGLANG, check_host_api, sglang_version
+    from .sglang_plugin.plugin import register
+
+    problems = check_host_api()
+    print(f"sglang {sglang_version()} (built for {SUPPORTED_SGLANG})")
+    for p in problems:
+        print(f"  mismatch: {p}")
+    ok = register()
+    print("HYBRID_SPARK registered" if ok else "HYBRID_SPARK NOT registered")
+    return 0 if ok and not problems else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {
+        "simulate": "sglang_hybrid.sim.simulate_cli",
+        "workloads": "sglang_hybrid.sim.workloads_cli",
+        "calibrate": "sglang_hybrid.calibration.cli",
+    }
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        print("\nusage: hybrid-spark {simulate,workloads,calibrate,check} [options]  (each takes --help)")
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "check":
+        return _check(rest)
+    if cmd not in commands:
+        print(f"hybrid-spark: unknown command {cmd!r}; choose from simulate, workloads, calibrate, check",
+              file=sys.stderr)
+        return 2
+    import importlib
+
+    return int(importlib.import_module(commands[cmd]).main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The plugin's own options: one documented source, validated at start-up.
+
+Options come from a JSON file named by ``SGLANG_HYBRID_CONFIG`` and/or from ``SGLANG_HYBRID_<KEY>``
+environment variables (upper-case key); an environment variable wins over the file. SGLang's own flags are
+reused where they mean the same thing (draft model path, number of steps / draft tokens, the DSpark SPS table);
+only what SGLang has no flag for lives here.
+
+Every error names the key and where it came from, and is raised before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+ENV_PREFIX = "SGLANG_HYBRID_"
+ENV_CONFIG_FILE = "SGLANG_HYBRID_CONFIG"
+# Environment variables with the prefix that are not options.
+_NOT_OPTIONS = {ENV_CONFIG_FILE, "SGLANG_HYBRID_RESOLVED_DRAFT_KIND"}
+
+DRAFT_KINDS = ("auto", "eagle", "eagle3", "standalone", "dspark")
+
+
+class HybridConfigError(ValueError):
+    """A bad plugin option; the message names the key and its source."""
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """Options of the HYBRID_SPARK worker (see the README's Configuration table)."""
+
+    n_min: int = 2  # shortest suffix an n-gram match may use
+    n_max: int = 8  # longest suffix compared
+    max_draft: int = 16  # L_max: n-gram tokens proposed (capped by the verify window)
+    window: int = 0  # scan window in tokens; 0 = the whole history row
+    history_width: int = 0  # tokens kept per request; 0 = the model's context length
+    calibration: str = "default"  # path of a calibration JSON, or "default" for the shipped table
+    enable_ngram: bool = True  # ablation: False = model chain only
+    enable_model: bool = True  # ablation: False = n-gram chain only (the model still drafts; its chain is ignored)
+    draft_kind: str = "auto"  # auto-detect from the draft model's config.json, or force one of DRAFT_KINDS
+    num_iters: int = 2  # price iterations of the selection
+    model_prior: float = 0.7  # initial per-position conditional acceptance of the model chain
+    model_ema: float = 0.05  # online refit rate of the model chain's per-position acceptance
+    metrics_interval: int = 50  # decode steps between periodic log lines; 0 = never
+
+    def validate(self) -> None:
+        def bad(key: str, why: str) -> HybridConfigError:
+            return HybridConfigError(f"sglang-hybrid option '{key}': {why}")
+
+        if self.n_min < 1:
+            raise bad("n_min", f"must be >= 1, got {self.n_min}")
+        if self.n_max < self.n_min:
+            raise bad("n_max", f"must be >= n_min ({self.n_min}), got {self.n_max}")
+        if self.max_draft < 1:
+            raise bad("max_draft", f"must be >= 1, got {self.max_draft}")
+        if self.window < 0:
+            raise bad("window", f"must be >= 0, got {self.window}")
+        if self.history_width < 0:
+            raise bad("history_width", f"must be >= 0, got {self.history_width}")
+        if self.draft_kind not in DRAFT_KINDS:
+            raise bad("draft_kind", f"must be one of {DRAFT_KINDS}, got {self.draft_kind!r}")
+        if not (self.enable_ngram or self.enable_model):
+            raise bad("enable_ngram", "enable_ngram and enable_model cannot both be false")
+        if self.num_iters < 0:
+            raise bad("num_iters", f"must be >= 0, got {self.num_iters}")
+        if not (0.0 < self.model_prior <= 1.0):
+            raise bad("model_prior", f"must be in (0, 1], got {self.model_prior}")
+        if not (0.0 <= self.model_ema <= 1.0):
+            raise bad("model_ema", f"must be in [0, 1], got {self.model_ema}")
+        if self.metrics_interval < 0:
+            raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
+        if self.calibration != "default" and not os.path.isfile(self.calibration):
+            raise bad("calibration", f"file not found: {self.calibration}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str) -> "HybridConfig":
+        known = {f.name: f for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in values.items():
+            if key not in known:
+                raise HybridConfigError(
+                    f"unknown sglang-hybrid option '{key}' in {source}; known: {sorted(known)}"
+                )
+            kwargs[key] = _coerce(key, raw, known[key].type, source)
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "HybridConfig":
+        """Read ``SGLANG_HYBRID_CONFIG`` (a JSON object) and then ``SGLANG_HYBRID_<KEY>`` overrides."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        sources: list[str] = []
+        path = env.get(ENV_CONFIG_FILE)
+        if path:
+            values.update(_read_json_file(path))
+            sources.append(path)
+        for name, raw in env.items():
+            if name.startswith(ENV_PREFIX) and name not in _NOT_OPTIONS:
+                values[name[len(ENV_PREFIX):].lower()] = raw
+        return cls.from_mapping(values, source=" and ".join(sources + ["SGLANG_HYBRID_* environment"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _read_json_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise HybridConfigError(f"{ENV_CONFIG_FILE}: file not found: {path}") from None
+    except json.JSONDecodeError as e:
+        raise HybridConfigError(f"{ENV_CONFIG_FILE}: {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise HybridConfigError(f"{ENV_CONFIG_FILE}: {path} must hold a JSON object")
+    return data
+
+
+def _coerce(key: str, raw: Any, typ: Any, source: str) -> Any:
+    name = typ if isinstance(typ, str) else typ.__name__
+    try:
+        if name == "bool":
+            if isinstance(raw, bool):
+                return raw
+            s = str(raw).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if name == "int":
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
+            return int(str(raw).strip())
+        if name == "float":
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return float(raw)
+        if name == "str":
+            if not isinstance(raw, str):
+                raise ValueError(raw)
+            return raw
+    except (TypeError, ValueError):
+        raise HybridConfigError(
+            f"sglang-hybrid option '{key}' in {source}: expected {name}, got {raw!r}"
+        ) from None
+    raise AssertionError(f"unhandled option type {name}")

@@ -1,0 +1,1 @@
+"""SGLang glue: registration, host-API declarations, the HYBRID_SPARK workers."""

@@ -1,0 +1,121 @@
+"""Every SGLang attribute this plugin overrides or calls, declared in one place and checked at load time.
+
+SGLang moves fast and its speculative-decoding internals are not a stable API. Rather than failing on a GPU
+in the middle of serving, the plugin checks at registration that each attribute below exists and still takes
+the parameters we pass (by name). On a mismatch it logs one error naming the SGLang version and every
+mismatch, and registers nothing, so SGLang keeps working without HYBRID_SPARK.
+
+Add a line here whenever the plugin starts to override or call another SGLang attribute;
+``tests/test_plugin_hooks.py`` checks that every method the plugin's classes override is declared here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_SGLANG = "0.5.23"
+
+
+@dataclass(frozen=True)
+class HostAttr:
+    """``module:qualname`` of an SGLang attribute, and the parameter names we rely on (in order)."""
+
+    target: str
+    params: tuple[str, ...] | None = None  # None: only existence is checked
+    why: str = ""
+
+    def resolve(self) -> Any:
+        module_name, _, qualname = self.target.partition(":")
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+_W2 = "sglang.srt.speculative.eagle_worker_v2"
+_REG = "sglang.srt.speculative.spec_registry"
+
+HOST_ATTRS: tuple[HostAttr, ...] = (
+    # Registration (spec_info / spec_registry).
+    HostAttr("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.register",
+             ("cls", "name", "supports_overlap", "validate_server_args", "spec_class"), "registers HYBRID_SPARK"),
+    HostAttr("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.from_string", ("cls", "name")),
+    HostAttr(f"{_REG}:CustomSpecAlgo.__init__",
+             ("self", "name", "factory", "supports_overlap", "validate_server_args"), "base of HybridSparkAlgo"),
+    HostAttr(f"{_REG}:CustomSpecAlgo.create_worker", ("self", "server_args")),
+    HostAttr(f"{_REG}:CustomSpecAlgo.handle_server_args", ("self", "server_args")),
+    HostAttr("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.create_future_map",
+             ("self", "device", "req_to_token_pool", "needs_cpu_seq_lens", "needs_confidence_relay"),
+             "the scheduler calls it on every algorithm; CustomSpecAlgo lacks it"),
+    HostAttr("sglang.srt.managers.overlap_utils:FutureMap.__init__",
+             ("self", "device", "spec_algo", "req_to_token_pool", "needs_cpu_seq_lens", "needs_confidence_relay")),
+    HostAttr("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.carries_draft_hidden_states", ("self",)),
+    HostAttr("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.need_topk", ("self",)),
+    HostAttr("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.get_platform_worker_cls", ("self",)),
+    HostAttr("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.build_disagg_draft_input",
+             ("self", "batch", "last_tokens_tensor", "future_map")),
+    # The EAGLE-family workers we subclass, and the two methods we wrap.
+    HostAttr(f"{_W2}:EAGLEWorkerV2.__init__", ("self", "server_args", "gpu_id", "nccl_port", "target_worker")),
+    HostAttr(f"{_W2}:EAGLEWorkerV2.verify", ("self", "batch", "pp_proxy_tensors", "grammar_barrier"),
+             "HYBRID_SPARK merges the n-gram chain into the verify input, then records the outcome"),
+    HostAttr(f"{_W2}:EAGLEWorkerV2._forward_prefill_batch",
+             ("self", "batch", "on_publish", "pp_proxy_tensors", "coordination_plan"),
+             "HYBRID_SPARK writes each new request's prompt into the token-history table"),
+    HostAttr("sglang.srt.speculative.standalone_worker_v2:StandaloneWorkerV2.__init__",
+             ("self", "server_args", "gpu_id", "nccl_port", "target_worker")),
+    # Fields of the verify input we rewrite (dataclass fields; existence checked on the class annotations).
+    HostAttr("sglang.srt.speculative.eagle_info:EagleVerifyInput.__dataclass_fields__"),
+    # Runtime config bags read by the worker.
+    HostAttr("sglang.srt.runtime_context:get_spec", ()),
+    # CPU compatibility fix (only applied on CPU).
+    HostAttr("sglang.srt.speculative.eagle_utils:default_tree_mask_mode"),
+)
+
+# Fields of EagleVerifyInput / GenerationBatchResult the worker reads or writes.
+VERIFY_INPUT_FIELDS = ("draft_token", "retrieve_next_token", "spec_steps", "topk", "draft_token_num")
+
+
+def check_host_api() -> list[str]:
+    """Return one line per mismatch between the declarations above and the installed SGLang (empty = ok)."""
+    problems: list[str] = []
+    for attr in HOST_ATTRS:
+        try:
+            obj = attr.resolve()
+        except Exception as e:  # noqa: BLE001 - any import/attribute failure is a mismatch
+            problems.append(f"{attr.target}: missing ({type(e).__name__}: {e})")
+            continue
+        if attr.params is None:
+            continue
+        try:
+            names = tuple(inspect.signature(obj).parameters)
+        except (TypeError, ValueError) as e:
+            problems.append(f"{attr.target}: no inspectable signature ({e})")
+            continue
+        if names[: len(attr.params)] != attr.params and not _bound_matches(names, attr.params):
+            problems.append(f"{attr.target}: parameters {names}, expected to start with {attr.params}")
+    try:
+        from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+        missing = [f for f in VERIFY_INPUT_FIELDS if f not in EagleVerifyInput.__dataclass_fields__]
+        if missing:
+            problems.append(f"EagleVerifyInput lacks fields {missing}")
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"EagleVerifyInput: {type(e).__name__}: {e}")
+    return problems
+
+
+def _bound_matches(names: tuple[str, ...], expected: tuple[str, ...]) -> bool:
+    # Class methods resolved through the class come back bound: their signature drops "cls".
+    return expected and expected[0] in ("cls",) and names[: len(expected) - 1] == expected[1:]
+
+
+def sglang_version() -> str:
+    try:
+        import sglang
+
+        return getattr(sglang, "__version__", "unknown")
+    except Exception:  # noqa: BLE001
+        return "not importable"

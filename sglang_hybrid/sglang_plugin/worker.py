@@ -1,0 +1,139 @@
+"""The HYBRID_SPARK workers: SGLang's EAGLE V2 / stand-alone V2 workers plus the n-gram chain.
+
+Two methods of the host worker are wrapped (both declared in ``hooks.py``):
+
+* ``_forward_prefill_batch``: after the target prefill, each request's prompt (and the first sampled token)
+  is written into its request-pool slot of the token-history table. Chunked prefill re-writes the row at every
+  chunk; prefix-cache hits need nothing special (the full prompt is on the host); a retracted request is
+  re-prefilled with its prompt plus the output so far. A slot that is reused starts from a fresh row, so a
+  finished or aborted request's history can never leak into its successor.
+* ``verify``: between the draft and the target verify, the n-gram lookup, calibration and price-based
+  selection replace each request's draft chain by the chosen chain (same chain topology, so the tree mask,
+  positions and KV plan are untouched) and cap its verify length by unlinking ``retrieve_next_token`` past
+  it; SGLang's own greedy / sampling verification then accepts a prefix, so output is unchanged at
+  temperature 0 and the target distribution is kept when sampling (the drafts are deterministic). After
+  verify, the committed tokens are appended to the history and the statistics updated, all on the device.
+
+The draft model's state update (draft extend) runs unchanged from the accepted prefix, whichever drafter
+proposed it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
+
+from ..calibration import CalibrationTable
+from ..config import HybridConfig
+from ..step import HybridStep, Proposal
+
+logger = logging.getLogger("sglang_hybrid")
+
+
+def _load_sps_dense(path: Optional[str], max_tokens: int, device) -> Optional[torch.Tensor]:
+    if not path:
+        return None
+    from ..selection.sps import dense_sps, load_sps_table
+
+    return dense_sps(load_sps_table(path), max_tokens, device)
+
+
+class HybridMixin:
+    """Adds the n-gram chain and the price-based choice to an EAGLE-family V2 worker."""
+
+    hybrid: HybridStep
+
+    def _hybrid_init(self) -> None:
+        from sglang.srt.runtime_context import get_spec
+
+        cfg = HybridConfig.from_env()
+        model_runner = self.target_worker.model_runner
+        req_to_token = model_runner.req_to_token_pool.req_to_token
+        num_slots = int(req_to_token.shape[0])
+        context_len = int(model_runner.model_config.context_len)
+        width = cfg.history_width or context_len
+        gamma = int(self.speculative_num_steps)
+        max_bs = num_slots
+        calib = (
+            CalibrationTable.load_default() if cfg.calibration == "default" else CalibrationTable.load(cfg.calibration)
+        )
+        sps = _load_sps_dense(
+            get_spec().speculative_dspark_sps_table_path, max_bs * (gamma + 1) + 1, self.device
+        )
+        self.hybrid = HybridStep(
+            cfg, num_slots=num_slots, width=width, gamma=gamma, max_bs=max_bs, device=self.device,
+            calibration=calib, sps_dense=sps, max_context_len=context_len,
+        )
+        self._hybrid_pending: Optional[Proposal] = None
+        logger.info(
+            "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, n-gram %s, budget from %s",
+            num_slots, width, gamma, self.hybrid.ngram_cfg, "SPS table" if sps is not None else "verify width",
+        )
+
+    # -- prefill ---------------------------------------------------------------------------------------
+    def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
+        out = super()._forward_prefill_batch(batch, on_publish, pp_proxy_tensors, coordination_plan)
+        if batch.forward_mode.is_idle() or not batch.reqs:
+            return out
+        rows = [list(r.origin_input_ids) + list(r.output_ids) for r in batch.reqs]
+        width = self.hybrid.history.width
+        rows = [r[-width:] for r in rows]
+        longest = max(1, max(len(r) for r in rows))
+        prompt = torch.zeros(len(rows), longest, dtype=torch.int32)
+        for i, r in enumerate(rows):
+            prompt[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+        lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+        self.hybrid.on_prefill(
+            batch.req_pool_indices,
+            prompt.to(self.device, non_blocking=True),
+            lens.to(self.device, non_blocking=True),
+            out.next_token_ids,
+        )
+        return out
+
+    # -- decode ------------------------------------------------------------------------------------------
+    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+        vi = batch.spec_info
+        active = not batch.forward_mode.is_idle() and vi.topk == 1 and vi.draft_token_num == self.hybrid.gamma + 1
+        proposal = None
+        if active:
+            bs = batch.req_pool_indices.shape[0]
+            n = vi.draft_token_num
+            tokens = vi.draft_token.view(bs, n)
+            proposal = self.hybrid.propose(batch.req_pool_indices, tokens[:, 1:])
+            tokens[:, 1:].copy_(proposal.tokens.to(tokens.dtype))
+            # Cap each request's acceptance at its verify length: unlink the chain after node verify_len.
+            cols = torch.arange(n, device=tokens.device, dtype=torch.int32).view(1, -1)
+            rnt = vi.retrieve_next_token
+            rnt.copy_(torch.where(cols >= proposal.verify_len.view(-1, 1), torch.full_like(rnt, -1), rnt))
+        out = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        if proposal is not None:
+            bs = batch.req_pool_indices.shape[0]
+            committed = out.next_token_ids.view(bs, -1)
+            self.hybrid.record(batch.req_pool_indices, proposal, committed, out.accept_lens)
+            if self.hybrid.should_log():
+                logger.info("HYBRID_SPARK metrics %s", self.hybrid.metrics())
+        return out
+
+    def hybrid_metrics(self) -> dict:
+        return self.hybrid.metrics()
+
+
+class HybridEagleWorker(HybridMixin, EAGLEWorkerV2):
+    """HYBRID_SPARK with an EAGLE / EAGLE-3 chain draft head."""
+
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self._hybrid_init()
+
+
+class HybridStandaloneWorker(HybridMixin, StandaloneWorkerV2):
+    """HYBRID_SPARK with a small stand-alone draft model."""
+
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self._hybrid_init()

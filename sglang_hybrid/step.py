@@ -1,0 +1,223 @@
+"""One Hybrid Spark decode step on tensors: n-gram lookup, calibration, price-based selection, bookkeeping.
+
+This is the SGLang-independent core the worker calls (``sglang_plugin/worker.py``); it owns the device state:
+the token-history table, the calibration table, the selection buffers, the online estimate of the model
+chain's per-position acceptance, and the device counters behind the metrics.
+
+Decode-step rules (what keeps SGLang's overlap scheduler and CUDA graphs working): ``propose`` and ``record``
+never read a device tensor back to the host, never branch on device data, and write into buffers allocated
+at construction for the largest batch. ``SGLANG_HYBRID_SYNC_GUARD=1`` makes any host read inside them raise
+(the CPU end-to-end tests run with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+
+from .calibration import CalibrationTable
+from .config import HybridConfig
+from .ngram import NgramConfig, TokenHistory
+from .selection import SelectionBuffers, select_chains
+
+logger = logging.getLogger("sglang_hybrid")
+
+# Device counter slots.
+C_STEPS, C_REQ_STEPS, C_NGRAM_CHOSEN, C_PROP_MODEL, C_PROP_NGRAM, C_ACC_MODEL, C_ACC_NGRAM, C_VERIFIED = range(8)
+COUNTER_NAMES = (
+    "decode_steps",
+    "request_steps",
+    "ngram_chosen",
+    "proposed_model",
+    "proposed_ngram",
+    "accepted_model",
+    "accepted_ngram",
+    "verified_draft_tokens",
+)
+
+
+@dataclass
+class Proposal:
+    """Views of preallocated buffers: the merged chain to verify for each request."""
+
+    tokens: torch.Tensor  # [bs, gamma] int32
+    verify_len: torch.Tensor  # [bs] int32, draft tokens to verify (0..gamma)
+    choice: torch.Tensor  # [bs] int32, 1 = n-gram chain
+
+
+class HostSyncError(RuntimeError):
+    """Raised under SGLANG_HYBRID_SYNC_GUARD=1 when the decode step reads device data on the host."""
+
+
+@contextlib.contextmanager
+def sync_guard(enabled: bool) -> Iterator[None]:
+    """Make host reads of tensors raise inside the block (a test aid; no cost when disabled)."""
+    if not enabled:
+        yield
+        return
+    names = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def _raiser(name):
+        def f(self, *a, **k):
+            raise HostSyncError(f"host synchronisation in the HYBRID_SPARK decode step: Tensor.{name}()")
+
+        return f
+
+    try:
+        for n in names:
+            setattr(torch.Tensor, n, _raiser(n))
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.Tensor, n, fn)
+
+
+class HybridStep:
+    """Device state and per-step work of Hybrid Spark for a chain drafter of ``gamma`` tokens."""
+
+    def __init__(
+        self,
+        cfg: HybridConfig,
+        *,
+        num_slots: int,
+        width: int,
+        gamma: int,
+        max_bs: int,
+        device: torch.device | str,
+        calibration: Optional[CalibrationTable] = None,
+        sps_dense: Optional[torch.Tensor] = None,
+        max_context_len: Optional[int] = None,
+    ) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.gamma = gamma
+        self.max_bs = max_bs
+        self.device = torch.device(device)
+        # v1: the verify window is gamma + 1 wide, so n-gram chains are capped at gamma tokens.
+        self.ngram_cfg = NgramConfig(
+            n_min=cfg.n_min, n_max=cfg.n_max, max_draft=min(cfg.max_draft, gamma), window=cfg.window
+        )
+        self.ngram_cfg.validate()
+        self.history = TokenHistory(
+            num_slots, width, self.device, max_batch_size=max_bs, max_context_len=max_context_len,
+            max_draft=self.ngram_cfg.max_draft,
+        )
+        self.calibration = calibration if calibration is not None else CalibrationTable.load_default()
+        self.calibration.check_covers(self.ngram_cfg)
+        self.calib_dev = self.calibration.to_device(self.device)
+        L = self.ngram_cfg.max_draft
+        self.q = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
+        self.ngram_surv = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
+        self.model_surv = torch.zeros(max_bs, gamma, dtype=torch.float32, device=self.device)
+        self.model_tokens = torch.zeros(max_bs, gamma, dtype=torch.int32, device=self.device)
+        self.model_cond = torch.full((gamma,), cfg.model_prior, dtype=torch.float32, device=self.device)
+        self.sel = SelectionBuffers(max_bs, max(gamma, L), self.device)
+        self.sps_dense = sps_dense
+        self._budgets: dict[int, torch.Tensor] = {}
+        self.counters = torch.zeros(len(COUNTER_NAMES), dtype=torch.int64, device=self.device)
+        self.price = torch.zeros(1, dtype=torch.float32, device=self.device)
+        pin = self.device.type == "cuda"
+        self._host_counters = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, pin_memory=pin)
+        self._stage = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, device=self.device)
+        self._pos = torch.arange(1, gamma + 1, dtype=torch.int32, device=self.device)
+        self._guard = os.environ.get("SGLANG_HYBRID_SYNC_GUARD", "") == "1"
+        self._steps_host = 0
+
+    # ---- prefill (host-driven, off the decode path) ------------------------------------------------
+    def on_prefill(self, slots: torch.Tensor, prompt: torch.Tensor, prompt_len: torch.Tensor,
+                   first_tokens: torch.Tensor) -> None:
+        """Start each slot's history with its prompt and the first sampled token."""
+        self.history.write_prompt(slots, prompt, prompt_len)
+        ones = torch.ones_like(slots, dtype=torch.int32)
+        self.history.append(slots, first_tokens.to(torch.int32).view(-1, 1), ones)
+
+    # ---- decode step --------------------------------------------------------------------------------
+    def _budget(self, bs: int) -> Optional[torch.Tensor]:
+        if self.sps_dense is not None:
+            return None
+        b = self._budgets.get(bs)
+        if b is None:  # host-known shape only: the fixed verify width
+            b = torch.full((1,), bs * self.gamma, dtype=torch.int32, device=self.device)
+            self._budgets[bs] = b
+        return b
+
+    def propose(self, slots: torch.Tensor, model_tokens: torch.Tensor) -> Proposal:
+        """Choose, per request, the model chain ``model_tokens [bs, gamma]`` or the n-gram chain."""
+        bs = model_tokens.shape[0]
+        with sync_guard(self._guard):
+            draft = self.history.lookup(slots, self.ngram_cfg)
+            q, ngram_surv = self.q[:bs], self.ngram_surv[:bs]
+            self.calib_dev.apply(draft, model_tokens, q, ngram_surv)
+            ngram_len = draft.length
+            model_surv = self.model_surv[:bs]
+            if self.cfg.enable_model:
+                model_surv.copy_(torch.cumprod(self.model_cond, 0).expand(bs, -1))
+            else:
+                model_surv.zero_()
+            if not self.cfg.enable_ngram:
+                ngram_len = ngram_len.mul(0)
+            mt = self.model_tokens[:bs]
+            mt.copy_(model_tokens)
+            out = self.sel.view(bs)
+            select_chains(
+                mt, model_surv, draft.tokens, ngram_surv, ngram_len,
+                self._budget(bs), self.sps_dense, out,
+                num_iters=self.cfg.num_iters, max_verify_len=self.gamma,
+            )
+            self.price.copy_(out.price)
+            return Proposal(tokens=out.tokens[:, : self.gamma], verify_len=out.verify_len, choice=out.choice)
+
+    def record(self, slots: torch.Tensor, proposal: Proposal, committed: torch.Tensor,
+               accept_lens: torch.Tensor) -> None:
+        """After verify: append ``committed[b, :accept_lens[b]]`` (accepted drafts + bonus) and update stats."""
+        bs = committed.shape[0]
+        with sync_guard(self._guard):
+            counts = accept_lens.to(torch.int32)
+            self.history.append(slots, committed.to(torch.int32), counts)
+            acc = (counts - 1).clamp_(min=0)
+            vlen = proposal.verify_len
+            is_ng = proposal.choice == 1
+            is_m = ~is_ng
+            # Online refit of the model chain's per-position conditional acceptance (model-chain steps only).
+            if self.cfg.model_ema > 0:
+                j = self._pos.view(1, -1)
+                tried = is_m.view(-1, 1) & (vlen.view(-1, 1) >= j) & (acc.view(-1, 1) >= j - 1)
+                ok = tried & (acc.view(-1, 1) >= j)
+                trials = tried.sum(0).to(torch.float32)
+                rate = ok.sum(0).to(torch.float32) / trials.clamp(min=1.0)
+                upd = (1 - self.cfg.model_ema) * self.model_cond + self.cfg.model_ema * rate
+                self.model_cond.copy_(torch.where(trials > 0, upd, self.model_cond).clamp_(1e-3, 1.0))
+            c = self.counters
+            c[C_STEPS] += 1
+            c[C_REQ_STEPS] += bs
+            c[C_NGRAM_CHOSEN] += is_ng.sum()
+            c[C_PROP_MODEL] += (vlen * is_m).sum()
+            c[C_PROP_NGRAM] += (vlen * is_ng).sum()
+            c[C_ACC_MODEL] += (acc * is_m).sum()
+            c[C_ACC_NGRAM] += (acc * is_ng).sum()
+            c[C_VERIFIED] += vlen.sum()
+            # Asynchronous device-to-host copy: the host reads it later, one step stale at most.
+            self._stage[:-1].copy_(c)
+            self._stage[-1:].copy_(self.price)
+            self._host_counters.copy_(self._stage, non_blocking=True)
+        self._steps_host += 1
+
+    # ---- metrics (host side, never waits on the device) --------------------------------------------
+    def metrics(self) -> dict:
+        v = self._host_counters.tolist()
+        m = dict(zip(COUNTER_NAMES, (int(x) for x in v[:-1])))
+        m["price"] = float(v[-1])
+        rs = max(m["request_steps"], 1)
+        m["ngram_win_rate"] = m["ngram_chosen"] / rs
+        m["mean_accept_length"] = 1.0 + (m["accepted_model"] + m["accepted_ngram"]) / rs
+        return m
+
+    def should_log(self) -> bool:
+        n = self.cfg.metrics_interval
+        return n > 0 and self._steps_host % n == 0
