@@ -1,0 +1,52 @@
+"""The plugin's options: file + environment, validated with errors that name the key and its source."""
+
+import json
+
+import pytest
+
+from sglang_hybrid.config import HybridConfig, HybridConfigError
+
+
+def test_defaults_are_valid():
+    cfg = HybridConfig.from_env({})
+    assert (cfg.n_min, cfg.n_max, cfg.max_draft) == (2, 8, 16)
+    assert cfg.enable_ngram and cfg.enable_model
+
+
+def test_env_overrides_file(tmp_path):
+    f = tmp_path / "h.json"
+    f.write_text(json.dumps({"n_min": 3, "n_max": 6, "enable_ngram": False}))
+    cfg = HybridConfig.from_env({"SGLANG_HYBRID_CONFIG": str(f), "SGLANG_HYBRID_N_MAX": "5"})
+    assert (cfg.n_min, cfg.n_max, cfg.enable_ngram) == (3, 5, False)
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        ({"SGLANG_HYBRID_NMIN": "2"}, "unknown sglang-hybrid option 'nmin'"),
+        ({"SGLANG_HYBRID_N_MIN": "two"}, "'n_min'"),
+        ({"SGLANG_HYBRID_N_MIN": "5", "SGLANG_HYBRID_N_MAX": "3"}, "'n_max'"),
+        ({"SGLANG_HYBRID_MAX_DRAFT": "0"}, "'max_draft'"),
+        ({"SGLANG_HYBRID_ENABLE_NGRAM": "maybe"}, "'enable_ngram'"),
+        ({"SGLANG_HYBRID_ENABLE_NGRAM": "0", "SGLANG_HYBRID_ENABLE_MODEL": "false"}, "both be false"),
+        ({"SGLANG_HYBRID_DRAFT_KIND": "medusa"}, "'draft_kind'"),
+        ({"SGLANG_HYBRID_MODEL_PRIOR": "1.5"}, "'model_prior'"),
+        ({"SGLANG_HYBRID_CALIBRATION": "/nonexistent/table.json"}, "/nonexistent/table.json"),
+        ({"SGLANG_HYBRID_CONFIG": "/nonexistent/h.json"}, "/nonexistent/h.json"),
+    ],
+)
+def test_bad_options_name_the_key(env, needle):
+    with pytest.raises(HybridConfigError, match=None) as e:
+        HybridConfig.from_env(env)
+    assert needle in str(e.value)
+
+
+def test_bad_json_file_names_the_file(tmp_path):
+    f = tmp_path / "bad.json"
+    f.write_text("{not json")
+    with pytest.raises(HybridConfigError) as e:
+        HybridConfig.from_env({"SGLANG_HYBRID_CONFIG": str(f)})
+    assert str(f) in str(e.value) and "not valid JSON" in str(e.value)
+    f.write_text("[1, 2]")
+    with pytest.raises(HybridConfigError, match="JSON object"):
+        HybridConfig.from_env({"SGLANG_HYBRID_CONFIG": str(f)})

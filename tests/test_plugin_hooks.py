@@ -1,0 +1,71 @@
+"""The host-API declarations match the installed SGLang, and every override the plugin makes is declared."""
+
+import inspect
+
+import pytest
+
+from sglang_hybrid.sglang_plugin import hooks
+
+
+def test_declared_host_api_matches_installed_sglang():
+    assert hooks.check_host_api() == []
+
+
+def test_a_changed_host_api_is_reported(monkeypatch):
+    bad = hooks.HostAttr("sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.verify", ("self", "renamed_batch"))
+    gone = hooks.HostAttr("sglang.srt.speculative.eagle_worker_v2:NoSuchWorker.verify", ("self",))
+    monkeypatch.setattr(hooks, "HOST_ATTRS", hooks.HOST_ATTRS + (bad, gone))
+    problems = hooks.check_host_api()
+    assert any("renamed_batch" in p for p in problems)
+    assert any("NoSuchWorker" in p and "missing" in p for p in problems)
+
+
+def _declared_names():
+    return {a.target.split(":")[1].split(".")[-1] for a in hooks.HOST_ATTRS}
+
+
+def _own_methods(cls):
+    return {n: f for n, f in vars(cls).items() if inspect.isfunction(f) and not n.startswith("__")}
+
+
+def test_every_algo_override_is_an_sglang_method_with_the_same_parameters():
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    from sglang_hybrid.sglang_plugin.algo import HybridSparkAlgo
+
+    declared = _declared_names()
+    for name, fn in _own_methods(HybridSparkAlgo).items():
+        if name.startswith("_"):
+            continue  # private helpers of ours
+        base = getattr(CustomSpecAlgo, name, None) or getattr(SpeculativeAlgorithm, name, None)
+        assert base is not None, f"HybridSparkAlgo.{name} overrides nothing in SGLang"
+        ours = list(inspect.signature(fn).parameters)
+        theirs = list(inspect.signature(base).parameters)
+        assert ours == theirs, f"HybridSparkAlgo.{name}{ours} != SGLang {theirs}"
+        if not (name.startswith("is_") or name.startswith("supports_") or name == "has_draft_kv"):
+            # Predicates are checked by SGLang's own conformance test; everything else must be declared.
+            assert name in declared, f"HybridSparkAlgo.{name} is not declared in hooks.HOST_ATTRS"
+
+
+def test_every_worker_override_is_declared_with_the_same_parameters():
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    from sglang_hybrid.sglang_plugin.worker import HybridMixin
+
+    declared = _declared_names()
+    for name, fn in _own_methods(HybridMixin).items():
+        base = getattr(EAGLEWorkerV2, name, None)
+        if base is None:
+            assert name.startswith("_hybrid") or name.startswith("hybrid"), f"unexpected new method {name}"
+            continue
+        assert name in declared, f"HybridMixin.{name} overrides EAGLEWorkerV2.{name} but is not declared"
+        assert list(inspect.signature(fn).parameters) == list(inspect.signature(base).parameters)
+
+
+@pytest.mark.parametrize("name", ["create_future_map", "need_topk", "carries_draft_hidden_states",
+                                  "get_platform_worker_cls", "build_disagg_draft_input"])
+def test_methods_customspecalgo_lacks_are_provided(name):
+    from sglang_hybrid.sglang_plugin.algo import HybridSparkAlgo
+
+    assert name in vars(HybridSparkAlgo)
