@@ -1,0 +1,101 @@
+"""HYBRID_SPARK registers through the installed entry point and resolves server arguments, in a fresh process."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUB = os.path.join(ROOT, "tests", "sgl_kernel_stub")
+
+_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512,
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "torch_dtype": "float32",
+}
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.arg_groups.overrides import resolving_view
+    a = prepare_server_args(sys.argv[1:])
+    try:
+        a.resolve_once()
+    except Exception as e:
+        print("ERROR", type(e).__name__, e)
+        sys.exit(3)
+    v = resolving_view(a)
+    print("RESULT", json.dumps({k: getattr(v, k) for k in (
+        "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+        "speculative_num_draft_tokens", "max_running_requests", "enable_mixed_chunk")}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cfgs")
+    dirs = {}
+    for name, archs in (("target", ["LlamaForCausalLM"]), ("draft", ["LlamaForCausalLM"]),
+                        ("eagle3", ["LlamaForCausalLMEagle3"]), ("dspark", ["DSparkDraftModel"])):
+        d = root / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(dict(_LLAMA, architectures=archs)))
+        dirs[name] = str(d)
+    return dirs
+
+
+def _run(args, extra_env=None):
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", PYTHONPATH=STUB + os.pathsep + ROOT)
+    env.pop("SGLANG_HYBRID_RESOLVED_DRAFT_KIND", None)
+    env.update(extra_env or {})
+    p = subprocess.run([sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300)
+    out = p.stdout + p.stderr
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:]), out
+    return None, out
+
+
+def _base(dirs, draft="draft"):
+    return ["--model-path", dirs["target"], "--speculative-algorithm", "hybrid_spark",
+            "--speculative-draft-model-path", dirs[draft], "--device", "cpu", "--skip-tokenizer-init"]
+
+
+def test_registers_and_resolves_chain_defaults(model_dirs):
+    res, out = _run(_base(model_dirs) + ["--speculative-num-steps", "4"])
+    assert res is not None, out
+    assert res["speculative_algorithm"] == "HYBRID_SPARK"
+    assert (res["speculative_num_steps"], res["speculative_eagle_topk"], res["speculative_num_draft_tokens"]) == (4, 1, 5)
+    assert res["max_running_requests"] == 48 and res["enable_mixed_chunk"] is False
+    assert "standalone draft model" in out
+
+
+@pytest.mark.parametrize(
+    "args, env, needle",
+    [
+        (["--speculative-eagle-topk", "2", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"], {},
+         "--speculative-eagle-topk must be 1"),
+        ([], {"SGLANG_HYBRID_N_MIN": "9"}, "'n_max'"),
+        ([], {"SGLANG_HYBRID_BOGUS": "1"}, "unknown sglang-hybrid option 'bogus'"),
+        (["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6"], {},
+         "--speculative-num-draft-tokens must equal"),
+    ],
+)
+def test_bad_configuration_fails_at_startup_with_a_clear_error(model_dirs, args, env, needle):
+    res, out = _run(_base(model_dirs) + args, env)
+    assert res is None
+    assert needle in out, out[-2000:]
+
+
+def test_draft_kind_is_detected_from_the_draft_config(model_dirs):
+    res, out = _run(_base(model_dirs, "eagle3"))
+    assert res is not None and "eagle3 draft model" in out, out[-2000:]
+    res, out = _run(_base(model_dirs, "dspark"))
+    assert res is None and "DSpark draft model is not supported" in out
