@@ -1,0 +1,240 @@
+"""Plain-torch references for the n-gram drafter's device operations.
+
+Each function here has a Triton twin in ``kernels.py`` with the *same signature*; the tests compare them
+exactly, and both against the brute-force loops in ``tests/oracles/ngram_oracle.py``. The references are
+vectorized over requests and positions (only loops over ``k < n_max`` and over batch chunks), use no host
+synchronisation and have shapes that depend only on the inputs' shapes and the configuration, so they also
+serve CPU users, the simulator and a ``backend="torch"`` table on a GPU. They define the semantics:
+
+History table layout
+    ``tokens [num_slots, W] int32`` is a ring buffer per request-pool slot: the token at logical position ``p``
+    of a slot lives at column ``p % W``. ``lens [num_slots] int32`` is the logical length (every token ever
+    written since the last reset), ``prompt_lens [num_slots] int32`` how many of them are the prompt. A slot
+    whose history is longer than ``W`` keeps its newest ``W`` tokens: valid positions are
+    ``[max(0, len - W), len)``.
+
+Lookup (prompt lookup / n-gram drafting)
+    For a slot with length ``T`` and oldest valid position ``lo``, every earlier end position
+    ``e`` in ``[max(lo, T - 1 - window), T - 2]`` (``window == 0`` scans the whole valid row) gets a match
+    length ``m(e)``: the number of consecutive ``k = 0, 1, ...`` (at most ``n_max``) with
+    ``e - k >= lo`` and ``h[e - k] == h[T - 1 - k]``. The best end is the one with the largest ``m(e)``,
+    ties going to the largest ``e`` (the most recent occurrence). If that ``m`` is below ``n_min`` there is
+    no draft. Otherwise the draft is the up to ``max_draft`` tokens that followed it,
+    ``h[e + 1 : min(e + 1 + max_draft, T)]``, and the features are:
+    ``match_len = m(e)``, ``match_count = #{e' in the scanned range : m(e') >= m(e)}`` (how often the
+    matched suffix occurred, the chosen occurrence included) and ``in_prompt = (e + 1 < prompt_len)``.
+    Draft columns past ``draft_len`` are 0.
+
+Invalid device data (never checked on the device; these rules only keep every access in bounds)
+    A slot outside ``[0, num_slots)`` is ignored: nothing is written for it and its lookup outputs are 0.
+    ``prompt_len`` is clamped to ``[0, prompt.shape[1]]`` and ``counts`` to ``[0, new_tokens.shape[1]]``.
+    Within one write or append call the slots must be distinct (duplicates give an undefined row);
+    duplicates are fine for ``reset`` and ``lookup``. Tokens are vocabulary ids in ``[0, 2**31)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "history_write_prompt_ref",
+    "history_append_ref",
+    "history_reset_ref",
+    "ngram_lookup_ref",
+]
+
+# The lookup works on [chunk, ~2-3 x width] temporaries; a batch is processed in row chunks of about this many
+# elements (bounds peak memory; on CPU chunks of ~1M elements stayed in cache and ran 2-3x faster than 4M).
+_LOOKUP_CHUNK_ELEMS = 1 << 20
+# On CPU, scan only as far back as the longest history in the batch needs (reads `lens`; same result).
+_TRIM_ON_CPU = True
+
+
+def _slot_index(slots: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(slot as int64 with out-of-range entries redirected to 0, in-range mask)``."""
+    s = slots.to(torch.int64)
+    ok = (s >= 0) & (s < num_slots)
+    return torch.where(ok, s, torch.zeros_like(s)), ok
+
+
+def _scatter_exact(flat: torch.Tensor, idx: torch.Tensor, new: torch.Tensor, valid: torch.Tensor) -> None:
+    """``flat[idx[valid]] = new[valid]`` without a data-dependent shape or a host sync.
+
+    Every entry is scattered as an integer delta (``new - old`` where valid, ``0`` elsewhere), so entries that
+    are masked out may point anywhere in ``flat`` (even at a location a valid entry writes) without effect.
+    Valid entries must target distinct locations.
+    """
+    idx = idx.reshape(-1)
+    old = flat[idx]
+    delta = torch.where(valid.reshape(-1), new.reshape(-1).to(flat.dtype) - old, torch.zeros_like(old))
+    flat.scatter_add_(0, idx, delta)
+
+
+def history_write_prompt_ref(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    prompt_lens: torch.Tensor,
+    slots: torch.Tensor,
+    prompt: torch.Tensor,
+    prompt_len: torch.Tensor,
+) -> None:
+    """Start each slot afresh with a prompt: ``prompt [bs, P]`` (row b valid up to ``prompt_len[b]``).
+
+    Rows longer than the table width keep their newest ``W`` tokens.
+    """
+    num_slots, width = tokens.shape
+    bs, plen = prompt.shape
+    if bs == 0:
+        return
+    s, ok = _slot_index(slots, num_slots)
+    n = prompt_len.to(torch.int64).clamp(0, plen)
+    p = torch.arange(plen, device=tokens.device, dtype=torch.int64)
+    valid = ok[:, None] & (p[None, :] < n[:, None]) & (p[None, :] >= n[:, None] - width)
+    idx = s[:, None] * width + p[None, :] % width
+    _scatter_exact(tokens.view(-1), idx, prompt, valid)
+    _scatter_exact(lens, s, n, ok)
+    _scatter_exact(prompt_lens, s, n, ok)
+
+
+def history_append_ref(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    slots: torch.Tensor,
+    new_tokens: torch.Tensor,
+    counts: torch.Tensor,
+) -> None:
+    """Append ``new_tokens[b, :counts[b]]`` to each slot (accepted draft tokens plus the bonus token)."""
+    num_slots, width = tokens.shape
+    bs, k = new_tokens.shape
+    if bs == 0:
+        return
+    s, ok = _slot_index(slots, num_slots)
+    t = lens[s].to(torch.int64)
+    c = counts.to(torch.int64).clamp(0, k)
+    i = torch.arange(k, device=tokens.device, dtype=torch.int64)
+    # Only the newest `width` of an oversized append survive; they land in distinct columns.
+    valid = ok[:, None] & (i[None, :] < c[:, None]) & (i[None, :] >= c[:, None] - width)
+    idx = s[:, None] * width + (t[:, None] + i[None, :]) % width
+    _scatter_exact(tokens.view(-1), idx, new_tokens, valid)
+    _scatter_exact(lens, s, t + c, ok)
+
+
+def history_reset_ref(lens: torch.Tensor, prompt_lens: torch.Tensor, slots: torch.Tensor) -> None:
+    """Forget the history of finished, aborted or retracted requests."""
+    if slots.shape[0] == 0:
+        return
+    s, ok = _slot_index(slots, lens.shape[0])
+    # min(len, 0) for real slots, min(len, INT_MAX) (no change) for out-of-range ones: exact with duplicates.
+    keep = torch.full_like(s, torch.iinfo(torch.int32).max, dtype=lens.dtype)
+    zero = torch.where(ok, torch.zeros_like(keep), keep)
+    lens.scatter_reduce_(0, s, zero, reduce="amin")
+    prompt_lens.scatter_reduce_(0, s, zero.to(prompt_lens.dtype), reduce="amin")
+
+
+def scan_length(width: int, window: int) -> int:
+    """Most end positions one lookup scans: ``W - 1``, or ``min(window, W - 1)`` with a window."""
+    full = max(width - 1, 0)
+    return full if window <= 0 else min(window, full)
+
+
+def _lookup_chunk(
+    rows: torch.Tensor,
+    T: torch.Tensor,
+    P: torch.Tensor,
+    S: int,
+    n_min: int,
+    n_max: int,
+    window: int,
+    max_draft: int,
+) -> tuple[torch.Tensor, ...]:
+    """Lookup for a chunk of rows (``rows [c, W]`` int32; ``T``, ``P`` int64 ``[c]``) over ``S`` end positions.
+
+    Works on the history read backwards, ``G[:, i] = h[T - 1 - i]`` for ``i < S + n_max``: the suffix is
+    ``G[:, :n_max]``, candidate end ``e_j = T - 2 - j`` (``j < S``, most recent first) compares
+    ``h[e_j - k] = G[:, j + 1 + k]`` with ``G[:, k]``, and position ``T - 1 - i`` is valid iff
+    ``i <= T - 1 - lo``. Every valid end lies among the ``S`` candidates.
+    """
+    dev = rows.device
+    c, width = rows.shape
+    lo = (T - width).clamp(min=0)
+    first = lo if window <= 0 else torch.maximum(lo, T - 1 - window)
+    L = S + n_max
+    # Gather G from the row repeated along its length (columns r + q*W - i stay >= 0: no modulo per element).
+    q = -(-L // width)
+    ext = torch.cat([rows] * (q + 1), dim=1) if q > 0 else rows
+    i = torch.arange(L, device=dev, dtype=torch.int64)
+    G = torch.gather(ext, 1, ((T - 1).remainder(width) + q * width)[:, None] - i[None, :])
+    ii = i.to(torch.int32)
+    valid = ii[None, :] <= (T - 1 - lo).to(torch.int32)[:, None]  # G[:, i] is inside the kept row
+    alive = ii[None, :S] <= (T - 2 - first).to(torch.int32)[:, None]  # e_j >= first
+    eq = torch.empty((c, S), dtype=torch.bool, device=dev)
+    m = torch.zeros((c, S), dtype=torch.uint8, device=dev)
+    for k in range(n_max):
+        torch.eq(G[:, 1 + k : 1 + k + S], G[:, k : k + 1], out=eq)
+        alive &= eq
+        alive &= valid[:, 1 + k : 1 + k + S]
+        m += alive
+    if S > 0:
+        best_m = m.amax(dim=1)
+        at_best = m == best_m[:, None]
+        best_j = at_best.view(torch.uint8).argmax(dim=1)  # first = most recent end at the best length
+        count = torch.count_nonzero(at_best, dim=1)
+    else:
+        best_m = torch.zeros(c, dtype=torch.uint8, device=dev)
+        best_j = torch.zeros_like(T)
+        count = torch.zeros_like(T)
+    has = best_m >= n_min
+    best_e = T - 2 - best_j
+    n = torch.where(has, torch.clamp(T - 1 - best_e, max=max_draft), torch.zeros_like(T))
+    d = torch.arange(max_draft, device=dev, dtype=torch.int64)
+    dmask = d[None, :] < n[:, None]
+    dpos = torch.where(dmask, best_e[:, None] + 1 + d[None, :], 0).remainder(width)
+    draft = torch.where(dmask, torch.gather(rows, 1, dpos), 0)
+    zero = torch.zeros_like(T)
+    return (
+        draft,
+        n,
+        torch.where(has, best_m.to(torch.int64), zero),
+        torch.where(has, count.to(torch.int64), zero),
+        (has & (best_e + 1 < P)).to(torch.int64),
+    )
+
+
+def ngram_lookup_ref(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    prompt_lens: torch.Tensor,
+    slots: torch.Tensor,
+    out_tokens: torch.Tensor,
+    out_len: torch.Tensor,
+    out_match_len: torch.Tensor,
+    out_match_count: torch.Tensor,
+    out_in_prompt: torch.Tensor,
+    n_min: int,
+    n_max: int,
+    window: int,
+) -> None:
+    """Batched prompt lookup; writes the ``out_*`` tensors in place (see the module docstring).
+
+    ``out_tokens [bs, max_draft]`` sets ``max_draft``; the other outputs are ``[bs]`` int32.
+    """
+    num_slots, width = tokens.shape
+    bs, max_draft = out_tokens.shape
+    if bs == 0:
+        return
+    s, ok = _slot_index(slots, num_slots)
+    T = torch.where(ok, lens[s].to(torch.int64), 0)
+    P = prompt_lens[s].to(torch.int64)
+    S = scan_length(width, window)
+    if tokens.device.type == "cpu" and _TRIM_ON_CPU:
+        # Reading lengths costs nothing on a CPU: scan no further back than the longest history needs. Every
+        # valid end of a row of length T lies in [0, T - 2], so the result is unchanged. (On a GPU the
+        # shapes stay static: no host sync, CUDA-graph capturable.)
+        S = min(S, max(int(T.max()) - 1, 0))
+    step = max(1, _LOOKUP_CHUNK_ELEMS // (2 * width + 2 * (S + n_max)))
+    for b0 in range(0, bs, step):
+        b1 = min(bs, b0 + step)
+        rows = tokens.index_select(0, s[b0:b1])
+        res = _lookup_chunk(rows, T[b0:b1], P[b0:b1], S, n_min, n_max, window, max_draft)
+        for out, val in zip((out_tokens, out_len, out_match_len, out_match_count, out_in_prompt), res):
+            out[b0:b1].copy_(val)
