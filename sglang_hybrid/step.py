@@ -12,16 +12,16 @@ at construction for the largest batch. ``SGLANG_HYBRID_SYNC_GUARD=1`` makes any 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
 from .calibration import CalibrationTable
 from .config import HybridConfig
+from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
 from .selection import SelectionBuffers, select_chains
 
@@ -29,6 +29,7 @@ logger = logging.getLogger("sglang_hybrid")
 
 # Device counter slots.
 C_STEPS, C_REQ_STEPS, C_NGRAM_CHOSEN, C_PROP_MODEL, C_PROP_NGRAM, C_ACC_MODEL, C_ACC_NGRAM, C_VERIFIED = range(8)
+SLOT_STAT_NAMES = ("steps", "ngram_chosen", "accepted_ngram", "accepted_model")
 COUNTER_NAMES = (
     "decode_steps",
     "request_steps",
@@ -48,34 +49,6 @@ class Proposal:
     tokens: torch.Tensor  # [bs, gamma] int32
     verify_len: torch.Tensor  # [bs] int32, draft tokens to verify (0..gamma)
     choice: torch.Tensor  # [bs] int32, 1 = n-gram chain
-
-
-class HostSyncError(RuntimeError):
-    """Raised under SGLANG_HYBRID_SYNC_GUARD=1 when the decode step reads device data on the host."""
-
-
-@contextlib.contextmanager
-def sync_guard(enabled: bool) -> Iterator[None]:
-    """Make host reads of tensors raise inside the block (a test aid; no cost when disabled)."""
-    if not enabled:
-        yield
-        return
-    names = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
-    saved = {n: getattr(torch.Tensor, n) for n in names}
-
-    def _raiser(name):
-        def f(self, *a, **k):
-            raise HostSyncError(f"host synchronisation in the HYBRID_SPARK decode step: Tensor.{name}()")
-
-        return f
-
-    try:
-        for n in names:
-            setattr(torch.Tensor, n, _raiser(n))
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(torch.Tensor, n, fn)
 
 
 class HybridStep:
@@ -125,6 +98,10 @@ class HybridStep:
         pin = self.device.type == "cuda"
         self._host_counters = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, pin_memory=pin)
         self._stage = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, device=self.device)
+        # Per request-pool slot: [steps, n-gram chosen, accepted n-gram tokens, accepted model tokens].
+        self.slot_stats = torch.zeros(num_slots, len(SLOT_STAT_NAMES), dtype=torch.int64, device=self.device)
+        self._host_slot_stats = torch.zeros_like(self.slot_stats, device="cpu").pin_memory() if pin else (
+            torch.zeros_like(self.slot_stats, device="cpu"))
         self._pos = torch.arange(1, gamma + 1, dtype=torch.int32, device=self.device)
         self._guard = os.environ.get("SGLANG_HYBRID_SYNC_GUARD", "") == "1"
         self._steps_host = 0
@@ -134,6 +111,7 @@ class HybridStep:
                    first_tokens: torch.Tensor) -> None:
         """Start each slot's history with its prompt and the first sampled token."""
         self.history.write_prompt(slots, prompt, prompt_len)
+        self.slot_stats.index_fill_(0, slots.to(torch.int64), 0)
         ones = torch.ones_like(slots, dtype=torch.int32)
         self.history.append(slots, first_tokens.to(torch.int32).view(-1, 1), ones)
 
@@ -202,6 +180,9 @@ class HybridStep:
             c[C_ACC_MODEL] += (acc * is_m).sum()
             c[C_ACC_NGRAM] += (acc * is_ng).sum()
             c[C_VERIFIED] += vlen.sum()
+            per_req = torch.stack([torch.ones_like(acc), is_ng.to(acc.dtype), acc * is_ng, acc * is_m], 1)
+            self.slot_stats.index_add_(0, slots.to(torch.int64), per_req.to(torch.int64))
+            self._host_slot_stats.copy_(self.slot_stats, non_blocking=True)
             # Asynchronous device-to-host copy: the host reads it later, one step stale at most.
             self._stage[:-1].copy_(c)
             self._stage[-1:].copy_(self.price)
@@ -217,6 +198,17 @@ class HybridStep:
         m["ngram_win_rate"] = m["ngram_chosen"] / rs
         m["mean_accept_length"] = 1.0 + (m["accepted_model"] + m["accepted_ngram"]) / rs
         return m
+
+    def request_metrics(self, slot: int) -> dict:
+        """Host-side, at most one step stale: this slot's request's counters (for ``meta_info``)."""
+        steps, ng, acc_ng, acc_m = (int(x) for x in self._host_slot_stats[slot].tolist())
+        return {
+            "verify_steps": steps,
+            "ngram_chosen_steps": ng,
+            "accepted_ngram": acc_ng,
+            "accepted_model": acc_m,
+            "ngram_win_rate": ng / steps if steps else 0.0,
+        }
 
     def should_log(self) -> bool:
         n = self.cfg.metrics_interval

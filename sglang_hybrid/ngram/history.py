@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from ..hostsync import host_reads_allowed
 from . import reference
 from .config import NgramConfig, NgramDraft
 
@@ -143,7 +144,7 @@ class TokenHistory:
             raise ValueError(f"slots has {bs} entries, more than max_batch_size={self.max_batch_size}")
         if distinct and bs > self.num_slots:
             raise ValueError(f"slots has {bs} entries for a table of {self.num_slots} slots; they must be distinct")
-        if slots.device.type == "cpu" and bs > 0:
+        if host_reads_allowed(slots) and bs > 0:
             lo, hi = int(slots.min()), int(slots.max())
             if lo < 0 or hi >= self.num_slots:
                 bad = lo if lo < 0 else hi

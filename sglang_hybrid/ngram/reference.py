@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import torch
 
+from ..hostsync import host_reads_allowed
+
 __all__ = [
     "history_write_prompt_ref",
     "history_append_ref",
@@ -226,7 +228,7 @@ def ngram_lookup_ref(
     T = torch.where(ok, lens[s].to(torch.int64), 0)
     P = prompt_lens[s].to(torch.int64)
     S = scan_length(width, window)
-    if tokens.device.type == "cpu" and _TRIM_ON_CPU:
+    if host_reads_allowed(tokens) and _TRIM_ON_CPU:
         # Reading lengths costs nothing on a CPU: scan no further back than the longest history needs. Every
         # valid end of a row of length T lies in [0, T - 2], so the result is unchanged. (On a GPU the
         # shapes stay static: no host sync, CUDA-graph capturable.)

@@ -70,6 +70,13 @@ HOST_ATTRS: tuple[HostAttr, ...] = (
     HostAttr("sglang.srt.speculative.eagle_info:EagleVerifyInput.__dataclass_fields__"),
     # Runtime config bags read by the worker.
     HostAttr("sglang.srt.runtime_context:get_spec", ()),
+    # Metrics (observability.py): wrapped in the scheduler process when a HYBRID_SPARK worker is built.
+    HostAttr("sglang.srt.managers.scheduler_components.internal_state:"
+             "SchedulerInternalStateController._add_speculative", ("self", "state"), "/server_info metrics"),
+    HostAttr("sglang.srt.managers.scheduler_components.output_streamer:"
+             "SchedulerOutputStreamer.build_additional_customized_info", ("self", "reqs"), "per-request meta_info"),
+    HostAttr("sglang.srt.managers.scheduler_components.output_streamer:"
+             "SchedulerOutputStreamer.has_additional_customized_info"),
     # CPU compatibility fix (only applied on CPU).
     HostAttr("sglang.srt.speculative.eagle_utils:default_tree_mask_mode"),
 )

@@ -29,7 +29,7 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
 from ..calibration import CalibrationTable
 from ..config import HybridConfig
-from ..step import HybridStep, Proposal
+from ..step import HybridStep
 
 logger = logging.getLogger("sglang_hybrid")
 
@@ -68,7 +68,10 @@ class HybridMixin:
             cfg, num_slots=num_slots, width=width, gamma=gamma, max_bs=max_bs, device=self.device,
             calibration=calib, sps_dense=sps, max_context_len=context_len,
         )
-        self._hybrid_pending: Optional[Proposal] = None
+        self._hybrid_cols = torch.arange(gamma + 1, dtype=torch.int32, device=self.device).view(1, -1)
+        from .observability import install
+
+        install(self.hybrid)
         logger.info(
             "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, n-gram %s, budget from %s",
             num_slots, width, gamma, self.hybrid.ngram_cfg, "SPS table" if sps is not None else "verify width",
@@ -107,9 +110,7 @@ class HybridMixin:
             proposal = self.hybrid.propose(batch.req_pool_indices, tokens[:, 1:])
             tokens[:, 1:].copy_(proposal.tokens.to(tokens.dtype))
             # Cap each request's acceptance at its verify length: unlink the chain after node verify_len.
-            cols = torch.arange(n, device=tokens.device, dtype=torch.int32).view(1, -1)
-            rnt = vi.retrieve_next_token
-            rnt.copy_(torch.where(cols >= proposal.verify_len.view(-1, 1), torch.full_like(rnt, -1), rnt))
+            vi.retrieve_next_token.masked_fill_(self._hybrid_cols >= proposal.verify_len.view(-1, 1), -1)
         out = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
         if proposal is not None:
             bs = batch.req_pool_indices.shape[0]

@@ -1,0 +1,84 @@
+"""HybridStep: one decode step's lookup, calibration, selection and bookkeeping, as the worker calls it."""
+
+import pytest
+import torch
+
+from sglang_hybrid.config import HybridConfig
+from sglang_hybrid.step import HostSyncError, HybridStep, sync_guard
+
+GAMMA = 4
+
+
+def _step(**cfg):
+    c = HybridConfig(**cfg)
+    return HybridStep(c, num_slots=8, width=256, gamma=GAMMA, max_bs=4, device="cpu")
+
+
+def _prefill(step, slots, rows):
+    p = max(len(r) for r in rows)
+    prompt = torch.zeros(len(rows), p, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        prompt[i, : len(r)] = torch.tensor(r)
+    lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    first = torch.tensor([r[-1] for r in rows], dtype=torch.int32)
+    # The "first sampled token" repeats the last prompt token here to make the suffix match below.
+    step.on_prefill(slots, prompt[:, :-1], lens - 1, first)
+
+
+def test_repeated_content_chooses_the_ngram_chain_and_fresh_content_the_model_chain():
+    # A weak model chain (as the online estimate becomes after rejections) against a calibrated 4-token match.
+    step = _step(model_prior=0.3)
+    slots = torch.tensor([3, 5])
+    copy = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    rows = [copy + [50, 51] + copy[:4], list(range(100, 116))]  # row 0 repeats a span; row 1 never repeats
+    _prefill(step, slots, rows)
+    model = torch.tensor([[90, 91, 92, 93], [94, 95, 96, 97]], dtype=torch.int32)
+    prop = step.propose(slots, model)
+    assert prop.choice.tolist() == [1, 0]
+    assert prop.tokens[0].tolist() == copy[4:8]  # the tokens that followed the earlier occurrence
+    assert prop.tokens[1].tolist() == model[1].tolist()
+    assert 1 <= int(prop.verify_len[0]) <= GAMMA and int(prop.verify_len[1]) >= 1
+
+
+def test_record_appends_committed_tokens_and_counts_acceptance():
+    step = _step(model_ema=0.5, model_prior=0.3)
+    slots = torch.tensor([1, 2])
+    copy = [20, 21, 22, 23, 24, 25, 26, 27]
+    _prefill(step, slots, [copy + [7] + copy[:3], list(range(60, 72))])
+    model = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32)
+    prop = step.propose(slots, model)
+    before = step.history.lens[slots].clone()
+    committed = torch.tensor([[23, 24, 25, 99, 0], [5, 0, 0, 0, 0]], dtype=torch.int32)
+    accept = torch.tensor([4, 1], dtype=torch.int32)  # row 0: 3 drafts + bonus; row 1: bonus only
+    cond_before = step.model_cond.clone()
+    step.record(slots, prop, committed, accept)
+    assert (step.history.lens[slots] - before).tolist() == [4, 1]
+    assert step.history.tokens[1, int(before[0]) : int(before[0]) + 4].tolist() == [23, 24, 25, 99]
+    m = step.metrics()
+    assert m["decode_steps"] == 1 and m["request_steps"] == 2
+    assert m["accepted_ngram"] == 3 and m["accepted_model"] == 0
+    assert m["ngram_chosen"] == 1
+    # The model chain of row 1 was rejected at its first token: position 1's estimate dropped.
+    assert step.model_cond[0] < cond_before[0]
+    assert step.request_metrics(1)["accepted_ngram"] == 3 and step.request_metrics(2)["verify_steps"] == 1
+
+
+def test_ngram_disabled_equals_model_only():
+    step = _step(enable_ngram=False)
+    slots = torch.tensor([0])
+    copy = [30, 31, 32, 33, 34, 35]
+    _prefill(step, slots, [copy + [1] + copy[:3]])
+    prop = step.propose(slots, torch.tensor([[4, 5, 6, 7]], dtype=torch.int32))
+    assert prop.choice.tolist() == [0] and prop.tokens[0].tolist() == [4, 5, 6, 7]
+
+
+def test_decode_step_makes_no_host_sync(monkeypatch):
+    monkeypatch.setenv("SGLANG_HYBRID_SYNC_GUARD", "1")
+    step = _step()
+    slots = torch.tensor([0, 1])
+    _prefill(step, slots, [[1, 2, 3, 1, 2], [4, 5, 6, 4, 5]])
+    prop = step.propose(slots, torch.zeros(2, GAMMA, dtype=torch.int32))
+    step.record(slots, prop, torch.zeros(2, GAMMA + 1, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
+    with pytest.raises(HostSyncError):
+        with sync_guard(True):
+            torch.ones(1).item()
