@@ -19,7 +19,7 @@ from typing import Any, Mapping
 ENV_PREFIX = "SGLANG_HYBRID_"
 ENV_CONFIG_FILE = "SGLANG_HYBRID_CONFIG"
 # Environment variables with the prefix that are not options.
-_NOT_OPTIONS = {ENV_CONFIG_FILE, "SGLANG_HYBRID_RESOLVED_DRAFT_KIND"}
+_NOT_OPTIONS = {ENV_CONFIG_FILE, "SGLANG_HYBRID_RESOLVED_DRAFT_KIND", "SGLANG_HYBRID_SYNC_GUARD"}
 
 DRAFT_KINDS = ("auto", "eagle", "eagle3", "standalone", "dspark")
 

@@ -64,6 +64,9 @@ HOST_ATTRS: tuple[HostAttr, ...] = (
     HostAttr(f"{_W2}:EAGLEWorkerV2._forward_prefill_batch",
              ("self", "batch", "on_publish", "pp_proxy_tensors", "coordination_plan"),
              "HYBRID_SPARK writes each new request's prompt into the token-history table"),
+    HostAttr(f"{_W2}:EAGLEWorkerV2.alloc_memory_pool",
+             ("self", "memory_pool_config", "req_to_token_pool", "token_to_kv_pool_allocator"),
+             "HYBRID_SPARK sizes its token-history table by the request pool"),
     HostAttr("sglang.srt.speculative.standalone_worker_v2:StandaloneWorkerV2.__init__",
              ("self", "server_args", "gpu_id", "nccl_port", "target_worker")),
     # Fields of the verify input we rewrite (dataclass fields; existence checked on the class annotations).

@@ -14,6 +14,7 @@ process when a HYBRID_SPARK worker is built, and are declared in ``hooks.py``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Optional
 
 from ..step import HybridStep
@@ -22,20 +23,35 @@ META_KEY = "hybrid_spark"
 _ACTIVE: dict[str, Optional[HybridStep]] = {"step": None}
 
 
-def _slot_of(req) -> Optional[int]:
-    kv = getattr(req, "kv", None)
-    slot = getattr(kv, "req_pool_idx", None) if kv is not None else None
-    if slot is None:
-        slot = getattr(req, "req_pool_idx", None)
-    return None if slot is None else int(slot)
+# Request id -> request-pool slot, recorded at prefill (a finished request's slot is already released when its
+# last output is streamed). Bounded: entries of requests that never report are dropped oldest first.
+_SLOTS: "OrderedDict[str, int]" = OrderedDict()
+_MAX_TRACKED = 1 << 16
+
+
+def note_prefill(reqs) -> None:
+    """Remember each prefilled request's slot (host-side, from SGLang's own host fields)."""
+    for r in reqs:
+        kv = getattr(r, "kv", None)
+        slot = getattr(kv, "req_pool_idx", None) if kv is not None else getattr(r, "req_pool_idx", None)
+        if slot is not None:
+            _SLOTS[r.rid] = int(slot)
+            _SLOTS.move_to_end(r.rid)
+    while len(_SLOTS) > _MAX_TRACKED:
+        _SLOTS.popitem(last=False)
 
 
 def request_meta(reqs) -> list:
+    """One entry per request: ``[counters]`` when it has finished, else ``[]``."""
     step = _ACTIVE["step"]
     out = []
     for r in reqs:
-        slot = _slot_of(r)
-        out.append([step.request_metrics(slot)] if step is not None and slot is not None and r.finished() else [])
+        slot = _SLOTS.get(r.rid) if r.finished() else None
+        if step is not None and slot is not None:
+            out.append([step.request_metrics(slot)])
+            _SLOTS.pop(r.rid, None)
+        else:
+            out.append([])
     return out
 
 

@@ -30,6 +30,7 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 from ..calibration import CalibrationTable
 from ..config import HybridConfig
 from ..step import HybridStep
+from .observability import note_prefill
 
 logger = logging.getLogger("sglang_hybrid")
 
@@ -48,25 +49,34 @@ class HybridMixin:
     hybrid: HybridStep
 
     def _hybrid_init(self) -> None:
+        """At construction: read and validate the options and the calibration table (errors surface at start-up)."""
+        self._hybrid_cfg = HybridConfig.from_env()
+        cfg = self._hybrid_cfg
+        self._hybrid_calib = (
+            CalibrationTable.load_default() if cfg.calibration == "default" else CalibrationTable.load(cfg.calibration)
+        )
+        self.hybrid = None
+
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
+        """Once SGLang has sized the request pool: build the device state (one history row per pool slot)."""
+        super().alloc_memory_pool(
+            memory_pool_config=memory_pool_config,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+        )
         from sglang.srt.runtime_context import get_spec
 
-        cfg = HybridConfig.from_env()
-        model_runner = self.target_worker.model_runner
-        req_to_token = model_runner.req_to_token_pool.req_to_token
-        num_slots = int(req_to_token.shape[0])
-        context_len = int(model_runner.model_config.context_len)
+        cfg = self._hybrid_cfg
+        pool = req_to_token_pool if req_to_token_pool is not None else self.target_worker.model_runner.req_to_token_pool
+        num_slots = int(pool.req_to_token.shape[0])
+        context_len = int(self.target_worker.model_runner.model_config.context_len)
         width = cfg.history_width or context_len
         gamma = int(self.speculative_num_steps)
         max_bs = num_slots
-        calib = (
-            CalibrationTable.load_default() if cfg.calibration == "default" else CalibrationTable.load(cfg.calibration)
-        )
-        sps = _load_sps_dense(
-            get_spec().speculative_dspark_sps_table_path, max_bs * (gamma + 1) + 1, self.device
-        )
+        sps = _load_sps_dense(get_spec().speculative_dspark_sps_table_path, max_bs * (gamma + 1) + 1, self.device)
         self.hybrid = HybridStep(
             cfg, num_slots=num_slots, width=width, gamma=gamma, max_bs=max_bs, device=self.device,
-            calibration=calib, sps_dense=sps, max_context_len=context_len,
+            calibration=self._hybrid_calib, sps_dense=sps, max_context_len=context_len,
         )
         self._hybrid_cols = torch.arange(gamma + 1, dtype=torch.int32, device=self.device).view(1, -1)
         from .observability import install
@@ -90,6 +100,7 @@ class HybridMixin:
         for i, r in enumerate(rows):
             prompt[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
         lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+        note_prefill(batch.reqs)
         self.hybrid.on_prefill(
             batch.req_pool_indices,
             prompt.to(self.device, non_blocking=True),
