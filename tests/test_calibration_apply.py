@@ -1,4 +1,9 @@
-"""Device application of a calibration table: torch reference vs brute force, Triton vs reference (exact)."""
+"""Device application of a calibration table: torch reference vs brute force, Triton vs reference (exact).
+
+The Triton tests run the kernel on ``kernel_device`` (``$HYBRID_TEST_DEVICE``: the interpreter on CPU by
+default, compiled on CUDA from ``scripts/gpu_check.sh``) and the reference on CPU copies of the inputs; the
+brute-force and host-side argument-check tests run on CPU.
+"""
 
 from __future__ import annotations
 
@@ -60,12 +65,16 @@ def _brute(table: CalibrationTable, d: NgramDraft, model: torch.Tensor) -> tuple
 
 
 def _run(fn, dev: DeviceCalibration, d: NgramDraft, model: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fn`` on ``dev.device`` (the draft and model tokens are copied there); outputs returned on CPU."""
     bs, L = d.tokens.shape
-    out_q = torch.full((bs, L), 7.0)
-    out_s = torch.full((bs, L), 7.0)
+    on = dev.device
+    out_q = torch.full((bs, L), 7.0, device=on)
+    out_s = torch.full((bs, L), 7.0, device=on)
+    d = NgramDraft(*(t.to(on) for t in d.as_tuple()))
+    model = model.to(on) if model is not None else None
     fn(dev.table, dev.lut_n, dev.lut_j, dev.lut_c, dev.lut_p, dev.lut_a, d.tokens, d.length, d.match_len,
        d.match_count, d.in_prompt, model if dev.has_agree else None, out_q, out_s)
-    return out_q, out_s
+    return out_q.cpu(), out_s.cpu()
 
 
 @pytest.mark.parametrize("agree", [False, True])
@@ -86,56 +95,64 @@ def test_reference_matches_brute_force(agree):
 
 
 @pytest.mark.parametrize("agree", [False, True])
-def test_triton_matches_reference_exactly(agree):
+def test_triton_matches_reference_exactly(agree, kernel_device):
     table = _table(agree, seed=3)
     dev = table.to_device("cpu")
+    kdev = table.to_device(kernel_device)
     rng = np.random.default_rng(2)
     for bs, L, adv in [(70, 16, True), (3, 5, True), (1, 16, False), (64, 1, False)]:
         d, model = _draft(rng, bs, L, adv)
         rq, rs = _run(apply_calibration_ref, dev, d, model)
-        tq, ts = _run(apply_calibration_triton, dev, d, model)
+        tq, ts = _run(apply_calibration_triton, kdev, d, model)
         assert torch.equal(rq, tq)
         assert torch.equal(rs, ts)
 
 
-def test_triton_with_strided_views_and_int64():
+def test_triton_with_strided_views_and_int64(kernel_device):
     """The drafter hands out row views of wider buffers; outputs may be row views too."""
     table = _table(True, seed=4)
     dev = table.to_device("cpu")
+    kdev = table.to_device(kernel_device)
+    on = kdev.device
     rng = np.random.default_rng(5)
     d, model = _draft(rng, 10, 16, True)
-    wide = torch.zeros(12, 24, dtype=torch.int64)
-    wide[:10, :16] = d.tokens
-    model_wide = torch.zeros(10, 8, dtype=torch.int32)
-    model_wide[:, :3] = model
-    d2 = NgramDraft(wide[:10, :16], d.length.long(), d.match_len.long(), d.match_count.long(), d.in_prompt.long())
+    wide = torch.zeros(12, 24, dtype=torch.int64, device=on)
+    wide[:10, :16] = d.tokens.to(on)
+    model_wide = torch.zeros(10, 8, dtype=torch.int32, device=on)
+    model_wide[:, :3] = model.to(on)
+    d2 = NgramDraft(wide[:10, :16], *(t.long().to(on) for t in (d.length, d.match_len, d.match_count, d.in_prompt)))
     rq, rs = _run(apply_calibration_ref, dev, d, model)
-    oq = torch.zeros(12, 16)
-    osv = torch.zeros(12, 16)
-    apply_calibration_triton(dev.table, dev.lut_n, dev.lut_j, dev.lut_c, dev.lut_p, dev.lut_a, d2.tokens, d2.length,
-                             d2.match_len, d2.match_count, d2.in_prompt, model_wide[:, :3], oq[:10], osv[:10])
-    assert torch.equal(oq[:10], rq) and torch.equal(osv[:10], rs)
-    assert torch.all(oq[10:] == 0)
+    oq = torch.zeros(12, 16, device=on)
+    osv = torch.zeros(12, 16, device=on)
+    apply_calibration_triton(kdev.table, kdev.lut_n, kdev.lut_j, kdev.lut_c, kdev.lut_p, kdev.lut_a, d2.tokens,
+                             d2.length, d2.match_len, d2.match_count, d2.in_prompt, model_wide[:, :3], oq[:10],
+                             osv[:10])
+    assert torch.equal(oq[:10].cpu(), rq) and torch.equal(osv[:10].cpu(), rs)
+    assert torch.all(oq[10:].cpu() == 0)
 
 
-def test_device_apply_on_a_real_lookup():
+def test_device_apply_on_a_real_lookup(kernel_device):
+    """A lookup and both apply backends on ``kernel_device`` (the table's lookup: torch on CPU, Triton on CUDA)."""
     table = _table(False, seed=6)
     cfg = NgramConfig()
-    hist = TokenHistory(4, 64, "cpu", backend="torch")
+    on = kernel_device
+    hist = TokenHistory(4, 64, on, backend="triton" if on.type == "cuda" else "torch")
     prompt = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2], [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8, 9],
                            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]],
-                          dtype=torch.int32)
-    slots = torch.arange(4, dtype=torch.int32)
-    hist.write_prompt(slots, prompt, torch.tensor([12, 12, 12, 12], dtype=torch.int32))
+                          dtype=torch.int32, device=on)
+    slots = torch.arange(4, dtype=torch.int32, device=on)
+    hist.write_prompt(slots, prompt, torch.tensor([12, 12, 12, 12], dtype=torch.int32, device=on))
     draft = hist.lookup(slots, cfg)
     assert draft.length.tolist()[2] == 0 and draft.length.tolist()[0] > 0
-    out_q = torch.zeros(4, 16)
-    out_s = torch.zeros(4, 16)
+    host_draft = NgramDraft(*(t.cpu() for t in draft.as_tuple()))
+    bq, bs = _brute(table, host_draft, torch.zeros(4, 1, dtype=torch.int64))
+    out_q = torch.zeros(4, 16, device=on)
+    out_s = torch.zeros(4, 16, device=on)
     for backend in ("torch", "triton"):
-        dev = DeviceCalibration(table, "cpu", backend=backend)
+        dev = DeviceCalibration(table, on, backend=backend)
+        out_q.fill_(7.0), out_s.fill_(7.0)
         dev.apply(draft, None, out_q, out_s)
-        bq, bs = _brute(table, draft, torch.zeros(4, 1, dtype=torch.int64))
-        assert np.array_equal(out_q.numpy(), bq) and np.array_equal(out_s.numpy(), bs)
+        assert np.array_equal(out_q.cpu().numpy(), bq) and np.array_equal(out_s.cpu().numpy(), bs)
 
 
 def test_apply_checks_arguments_on_host():

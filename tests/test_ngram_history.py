@@ -1,4 +1,9 @@
-"""``TokenHistory``: request lifecycles on both backends, slot reuse, argument checks, overflow logging."""
+"""``TokenHistory``: request lifecycles on both backends, slot reuse, argument checks, overflow logging.
+
+The lifecycle tests run on ``kernel_device`` (``$HYBRID_TEST_DEVICE``: CPU with the Triton interpreter by
+default, CUDA from ``scripts/gpu_check.sh``); the argument checks that only a CPU table makes (slot ranges and
+distinctness read on the host) run on CPU always.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ import logging
 import os
 import random
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (tests/conftest.py does it too)
+if (os.environ.get("HYBRID_TEST_DEVICE", "cpu") or "cpu").startswith("cpu"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (tests/conftest.py does it too)
 
 import pytest
 import torch
@@ -17,8 +23,12 @@ from tests.oracles.ngram_oracle import lookup_from_list
 BACKENDS = ["torch", "triton"]
 
 
-def _i32(x) -> torch.Tensor:
-    return torch.tensor(x, dtype=torch.int32)
+def _i32(x, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.int32, device=device)
+
+
+def _i64(x, device: torch.device | str) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.int64, device=device)
 
 
 def _expect(draft: NgramDraft, b: int, want: tuple[list[int], int, int, int, int]) -> None:
@@ -30,11 +40,11 @@ def _expect(draft: NgramDraft, b: int, want: tuple[list[int], int, int, int, int
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_request_lifecycle_matches_list_model(backend: str) -> None:
+def test_request_lifecycle_matches_list_model(backend: str, kernel_device: torch.device) -> None:
     """Prompts, variable-count appends (past several ring wraps), lookups, resets and slot reuse."""
     rng = random.Random(0)
-    width, num_slots = 16, 5
-    h = TokenHistory(num_slots, width, "cpu", backend=backend, max_batch_size=4)
+    width, num_slots, dev = 16, 5, kernel_device
+    h = TokenHistory(num_slots, width, dev, backend=backend, max_batch_size=4)
     cfg = NgramConfig(n_min=2, n_max=4, max_draft=6, window=0)
     live: dict[int, tuple[list[int], int]] = {}  # slot -> (history, prompt_len)
     longest = 0
@@ -44,68 +54,79 @@ def test_request_lifecycle_matches_list_model(backend: str) -> None:
             new = rng.sample(free, min(len(free), rng.randint(1, 2)))
             prompts = [[rng.randrange(4) for _ in range(rng.randint(0, 30))] for _ in new]
             width_p = max(len(p) for p in prompts) + 1
-            padded = _i32([p + [99] * (width_p - len(p)) for p in prompts])
-            h.write_prompt(torch.tensor(new), padded, torch.tensor([len(p) for p in prompts]))
+            padded = _i32([p + [99] * (width_p - len(p)) for p in prompts], dev)
+            h.write_prompt(_i64(new, dev), padded, _i64([len(p) for p in prompts], dev))
             for s, p in zip(new, prompts):
                 live[s] = (list(p), len(p))
         slots = sorted(live)[:4]
         counts = [rng.randint(1, 5) for _ in slots]
         toks = [[rng.randrange(4) for _ in range(5)] for _ in slots]
-        h.append(_i32(slots), _i32(toks), _i32(counts))
+        h.append(_i32(slots, dev), _i32(toks, dev), _i32(counts, dev))
         for s, c, t in zip(slots, counts, toks):
             live[s][0].extend(t[:c])
-        draft = h.lookup(_i32(slots), cfg)
+        draft = h.lookup(_i32(slots, dev), cfg)
         for b, s in enumerate(slots):
             hist, plen = live[s]
             _expect(draft, b, lookup_from_list(hist, plen, width, cfg.n_min, cfg.n_max, cfg.window, cfg.max_draft))
             longest = max(longest, len(hist))
         if rng.random() < 0.4:
             gone = rng.choice(slots)
-            h.reset(torch.tensor([gone]))
+            h.reset(_i64([gone], dev))
             del live[gone]
     assert longest > 2 * width  # some row went around the ring at least twice
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_slot_reuse_leaks_nothing(backend: str) -> None:
+def test_slot_reuse_leaks_nothing(backend: str, kernel_device: torch.device) -> None:
     cfg = NgramConfig(n_min=1, n_max=8, max_draft=8)
-    h = TokenHistory(3, 32, "cpu", backend=backend)
+    dev = kernel_device
+    two = _i64([2], dev)
+    h = TokenHistory(3, 32, dev, backend=backend)
     old = [1, 2, 3, 4, 5, 6, 7, 8] * 4  # a highly repetitive previous request in slot 2
-    h.write_prompt(torch.tensor([2]), _i32([old]), torch.tensor([32]))
-    assert int(h.lookup(torch.tensor([2]), cfg).length[0]) > 0
-    h.reset(torch.tensor([2]))
-    assert int(h.lookup(torch.tensor([2]), cfg).length[0]) == 0  # empty after reset
-    h.write_prompt(torch.tensor([2]), _i32([[5, 6]]), torch.tensor([2]))
-    h.append(torch.tensor([2]), _i32([[7, 9]]), torch.tensor([1]))  # history 5 6 7: "7" occurred in `old` only
-    d = h.lookup(torch.tensor([2]), cfg)
-    fresh = TokenHistory(3, 32, "cpu", backend=backend)
-    fresh.write_prompt(torch.tensor([2]), _i32([[5, 6, 7]]), torch.tensor([3]))
-    f = fresh.lookup(torch.tensor([2]), cfg)
+    h.write_prompt(two, _i32([old], dev), _i64([32], dev))
+    assert int(h.lookup(two, cfg).length[0]) > 0
+    h.reset(two)
+    assert int(h.lookup(two, cfg).length[0]) == 0  # empty after reset
+    h.write_prompt(two, _i32([[5, 6]], dev), _i64([2], dev))
+    h.append(two, _i32([[7, 9]], dev), _i64([1], dev))  # history 5 6 7: "7" occurred in `old` only
+    d = h.lookup(two, cfg)
+    fresh = TokenHistory(3, 32, dev, backend=backend)
+    fresh.write_prompt(two, _i32([[5, 6, 7]], dev), _i64([3], dev))
+    f = fresh.lookup(two, cfg)
     assert int(d.length[0]) == 0
     assert all(torch.equal(x, y) for x, y in zip(d.as_tuple(), f.as_tuple()))
     assert int(h.lens[2]) == 3 and int(h.prompt_lens[2]) == 2
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_lookup_uses_preallocated_buffers(backend: str) -> None:
-    h = TokenHistory(4, 16, "cpu", backend=backend, max_batch_size=3, max_draft=8)
-    h.write_prompt(_i32([0, 1]), _i32([[1, 2, 3, 1, 2], [4, 4, 4, 4, 4]]), _i32([5, 5]))
-    a = h.lookup(_i32([0, 1]), NgramConfig(max_draft=4))
+def test_lookup_uses_preallocated_buffers(backend: str, kernel_device: torch.device) -> None:
+    dev = kernel_device
+    h = TokenHistory(4, 16, dev, backend=backend, max_batch_size=3, max_draft=8)
+    h.write_prompt(_i32([0, 1], dev), _i32([[1, 2, 3, 1, 2], [4, 4, 4, 4, 4]], dev), _i32([5, 5], dev))
+    a = h.lookup(_i32([0, 1], dev), NgramConfig(max_draft=4))
     ptrs = [t.data_ptr() for t in a.as_tuple()]
-    b = h.lookup(_i32([1, 0]), NgramConfig(max_draft=4))
+    b = h.lookup(_i32([1, 0], dev), NgramConfig(max_draft=4))
     assert [t.data_ptr() for t in b.as_tuple()] == ptrs
     assert b.tokens.shape == (2, 4) and b.length.shape == (2,)
     assert b.tokens[1].tolist() == [3, 1, 2, 0] and b.tokens[0].tolist() == [4, 0, 0, 0]
-    out = NgramDraft(*(torch.full(s, 5, dtype=torch.int32) for s in [(2, 4), (2,), (2,), (2,), (2,)]))
-    h.write_prompt(_i32([3, 2, 1, 0]), _i32([[1, 2, 3, 1, 2]] * 4), _i32([0, 0, 5, 5]))  # 4 > max_batch_size: ok
-    b = h.lookup(_i32([1, 0]), NgramConfig(max_draft=4))
-    assert h.lookup(_i32([1, 0]), NgramConfig(max_draft=4), out=out) is out
+    out = NgramDraft(*(torch.full(s, 5, dtype=torch.int32, device=dev) for s in [(2, 4), (2,), (2,), (2,), (2,)]))
+    h.write_prompt(_i32([3, 2, 1, 0], dev), _i32([[1, 2, 3, 1, 2]] * 4, dev),
+                   _i32([0, 0, 5, 5], dev))  # 4 > max_batch_size: ok
+    b = h.lookup(_i32([1, 0], dev), NgramConfig(max_draft=4))
+    assert h.lookup(_i32([1, 0], dev), NgramConfig(max_draft=4), out=out) is out
     assert all(torch.equal(x, y) for x, y in zip(out.as_tuple(), b.as_tuple()))
 
 
-def test_backend_choice() -> None:
+def test_backend_choice(kernel_device: torch.device) -> None:
     assert TokenHistory(2, 8, "cpu").backend == "torch"
-    assert TokenHistory(2, 8, "cpu", backend="triton").backend == "triton"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert TokenHistory(2, 8, "cpu", backend="triton").backend == "triton"
+    else:  # a CUDA run (TRITON_INTERPRET=0): a CPU Triton table is refused
+        with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+            TokenHistory(2, 8, "cpu", backend="triton")
+    auto = TokenHistory(2, 8, kernel_device)
+    assert auto.backend == ("triton" if kernel_device.type == "cuda" else "torch")
+    assert auto.tokens.device.type == kernel_device.type
 
 
 def test_triton_on_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,14 +135,17 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) ->
         TokenHistory(2, 8, "cpu", backend="triton")
 
 
-def test_128k_history_through_the_table() -> None:
-    T = 128 * 1024
+def test_128k_history_through_the_table(kernel_device: torch.device) -> None:
+    """The torch backend on CPU (the interpreter would be slow); the Triton kernels on CUDA."""
+    T, dev = 128 * 1024, kernel_device
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 50_000, (1, T - 5), generator=g, dtype=torch.int32)
-    h = TokenHistory(2, T, "cpu", backend="torch", max_context_len=T)
-    h.write_prompt(torch.tensor([1]), prompt, torch.tensor([T - 5]))
-    h.append(torch.tensor([1]), prompt[:, 70_000:70_005].contiguous(), torch.tensor([5]))
-    d = h.lookup(torch.tensor([1]), NgramConfig())
+    backend = "triton" if dev.type == "cuda" else "torch"
+    h = TokenHistory(2, T, dev, backend=backend, max_context_len=T)
+    one = _i64([1], dev)
+    h.write_prompt(one, prompt.to(dev), _i64([T - 5], dev))
+    h.append(one, prompt[:, 70_000:70_005].contiguous().to(dev), _i64([5], dev))
+    d = h.lookup(one, NgramConfig())
     assert d.tokens[0].tolist() == prompt[0, 70_005:70_021].tolist() and int(d.match_len[0]) == 5
     assert int(h.lens[1]) == T and h.overflowed_slots() == []
 
@@ -207,26 +231,28 @@ def _overflow_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecor
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_overflowing_row_keeps_newest_tokens_and_logs_once(backend: str, caplog) -> None:
+def test_overflowing_row_keeps_newest_tokens_and_logs_once(backend: str, caplog, kernel_device: torch.device) -> None:
     caplog.set_level(logging.WARNING, logger="sglang_hybrid.ngram")
-    h = TokenHistory(2, 8, "cpu", backend=backend)
+    dev = kernel_device
+    h = TokenHistory(2, 8, dev, backend=backend)
     assert not _overflow_records(caplog)
-    h.write_prompt(_i32([0]), _i32([[1, 2, 3, 4, 5, 6]]), _i32([6]))
+    h.write_prompt(_i32([0], dev), _i32([[1, 2, 3, 4, 5, 6]], dev), _i32([6], dev))
     assert h.overflowed_slots() == [] and not _overflow_records(caplog)
     for _ in range(3):
-        h.append(_i32([0]), _i32([[7, 8, 9]]), _i32([3]))
+        h.append(_i32([0], dev), _i32([[7, 8, 9]], dev), _i32([3], dev))
     assert sorted(h.tokens[0].tolist()) == sorted([7, 8, 9, 7, 8, 9, 7, 8, 9][-8:])
     assert h.overflowed_slots() == [0] and h.overflowed_slots() == [0]
     assert len(_overflow_records(caplog)) == 1 and "newest" in _overflow_records(caplog)[0].getMessage()
-    d = h.lookup(_i32([0]), NgramConfig(max_draft=4))  # history ... 7 8 9 7 8 9 7 8 9, visible 8 9 7 8 9 7 8 9
+    d = h.lookup(_i32([0], dev), NgramConfig(max_draft=4))  # history ... 7 8 9 7 8 9 7 8 9, visible 8 9 7 8 9 7 8 9
     assert d.tokens[0].tolist() == [7, 8, 9, 0] and int(d.match_len[0]) == 5 and int(d.in_prompt[0]) == 0
 
 
-def test_context_longer_than_width_logs_once_at_construction(caplog) -> None:
+def test_context_longer_than_width_logs_once_at_construction(caplog, kernel_device: torch.device) -> None:
     caplog.set_level(logging.WARNING, logger="sglang_hybrid.ngram")
-    h = TokenHistory(2, 8, "cpu", max_context_len=100)
+    dev = kernel_device  # backend "auto": torch on CPU, Triton on CUDA
+    h = TokenHistory(2, 8, dev, max_context_len=100)
     assert len(_overflow_records(caplog)) == 1
-    h.write_prompt(_i32([0]), _i32([list(range(20))]), _i32([20]))  # prompt wider than the row
+    h.write_prompt(_i32([0], dev), _i32([list(range(20))], dev), _i32([20], dev))  # prompt wider than the row
     assert h.overflowed_slots() == [0]
     assert len(_overflow_records(caplog)) == 1
     assert h.tokens[0].tolist() == [16, 17, 18, 19, 12, 13, 14, 15]  # newest 8 at columns p % 8
