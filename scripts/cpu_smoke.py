@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""CPU smoke run of the real SGLang engine on the tiny test models: plain vs speculative decoding.
+
+    python scripts/cpu_smoke.py --prompts FILE.jsonl [--max-new-tokens N] [--algorithm STANDALONE|EAGLE3|HYBRID_SPARK]
+                                [--draft standalone|eagle3]
+
+Each line of FILE.jsonl is a JSON object with a ``"prompt"`` field (text, tokenized with the tiny tokenizer).
+Runs greedy plain decoding, then speculative decoding, on every prompt (one batch each), and prints ONE JSON line:
+per prompt whether the token ids are identical, the accept length (``meta_info["spec_accept_length"]``) and, for
+runs that report ``hybrid_*`` meta_info fields (HYBRID_SPARK), the fraction of verify steps whose chain came from
+the n-gram drafter. Exits 1 if any prompt's outputs differ, 2 on bad arguments or input.
+
+Uses the test harness (``tests/e2e/engine_harness.py``: one engine host process per configuration, with the
+``sgl_kernel`` stand-in and ``SGLANG_USE_CPU_ENGINE=1``) and the tiny models (``tests/e2e/tiny_models.py``, built
+on first use into ``~/.cache/sglang_hybrid_tests``). Needs the project installed (``pip install -e .``) so the
+plugin reaches SGLang's scheduler process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+E2E_DIR = os.path.join(REPO_ROOT, "tests", "e2e")
+
+DEFAULT_DRAFT = {"STANDALONE": "standalone", "EAGLE3": "eagle3", "HYBRID_SPARK": "standalone"}
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompts", required=True, help="JSONL file; each line an object with a 'prompt' text field")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--algorithm", default="STANDALONE", choices=sorted(DEFAULT_DRAFT))
+    p.add_argument("--draft", choices=["standalone", "eagle3"], default=None, help="tiny draft model to use")
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 1:
+        p.error("--max-new-tokens must be >= 1")
+    args.draft = args.draft or DEFAULT_DRAFT[args.algorithm]
+    return args
+
+
+def read_prompts(path: str) -> List[str]:
+    """The ``prompt`` texts of a JSONL file (raises ValueError naming the line on bad input)."""
+    texts = []
+    with open(path, encoding="utf-8") as f:
+        for no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{no}: not JSON ({e})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+                raise ValueError(f"{path}:{no}: expected an object with a non-empty 'prompt' string")
+            texts.append(obj["prompt"])
+    if not texts:
+        raise ValueError(f"{path}: no prompts")
+    return texts
+
+
+def hybrid_fields(meta: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``hybrid_*`` meta_info fields of one output."""
+    return {k: v for k, v in meta.items() if k.startswith("hybrid_")}
+
+
+def ngram_fraction(fields: Dict[str, Any]) -> Optional[float]:
+    """Fraction of verify steps whose chain was the n-gram one, from HYBRID_SPARK's per-request counters
+    (``verify_steps`` / ``ngram_chosen_steps``, or a ``ngram_win_rate``), wherever they sit in the fields."""
+    dicts: List[dict] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            dicts.append(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(list(fields.values()))
+    steps = sum(int(d.get("verify_steps", 0) or 0) for d in dicts)
+    if steps:
+        return sum(int(d.get("ngram_chosen_steps", 0) or 0) for d in dicts) / steps
+    rates = [float(d["ngram_win_rate"]) for d in dicts if "ngram_win_rate" in d]
+    return rates[-1] if rates else None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        texts = read_prompts(args.prompts)
+    except (OSError, ValueError) as e:
+        print(f"cpu_smoke: {e}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, E2E_DIR)
+    from engine_harness import EngineConfig, EnginePool, register_config
+    from tiny_models import build_tiny_models, encode
+
+    models = build_tiny_models()
+    input_ids = encode(models, texts)
+    spec_name = f"smoke_{args.algorithm.lower()}_{args.draft}"
+    register_config(EngineConfig(spec_name, algorithm=args.algorithm, draft=args.draft))
+    sp = dict(temperature=0.0, max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    pool = EnginePool(models, max_alive=1)
+    try:
+        plain = pool.get("plain").generate(input_ids, sp)
+        spec = pool.get(spec_name).generate(input_ids, sp)
+    finally:
+        pool.close()
+    rows = []
+    for i, (ids, a, b) in enumerate(zip(input_ids, plain, spec)):
+        meta = b["meta_info"]
+        fields = hybrid_fields(meta)
+        row = {
+            "index": i,
+            "prompt_tokens": len(ids),
+            "identical": a["output_ids"] == b["output_ids"],
+            "accept_length": meta.get("spec_accept_length"),
+            "verify_steps": meta.get("spec_verify_ct"),
+        }
+        if fields:
+            row["ngram_fraction"] = ngram_fraction(fields)
+            row["hybrid"] = fields
+        if not row["identical"]:
+            row["plain_ids"], row["spec_ids"] = a["output_ids"], b["output_ids"]
+        rows.append(row)
+    all_identical = all(r["identical"] for r in rows)
+    report = {
+        "algorithm": args.algorithm,
+        "draft": args.draft,
+        "max_new_tokens": args.max_new_tokens,
+        "all_identical": all_identical,
+        "engine_start_s": {k: [round(s, 1) for s in v] for k, v in pool.timings.items()},
+        "prompts": rows,
+    }
+    print(json.dumps(report))
+    return 0 if all_identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

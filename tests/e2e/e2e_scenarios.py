@@ -1,0 +1,211 @@
+"""Prompts, HF-transformers references and the sampling oracle for the end-to-end tests (test process side).
+
+- :func:`make_prompts`: deterministic token-id prompts of mixed lengths, some with planted repeats (so n-gram
+  drafters find matches), kept only where the HF greedy continuation has clear top-2 logit margins, so an
+  argmax can never flip between HF, SGLang's plain path and SGLang's verify path on float rounding.
+- :func:`hf_greedy`: greedy continuations and their smallest top-2 margins, from ``LlamaForCausalLM``.
+- the batches of the greedy, stop and abort scenarios, and the checks shared by the plain and the speculative
+  tests. The sampling oracle is in ``e2e_sampling.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+FIRST_TOKEN = 3  # ids 0, 1, 2 are the special tokens (bos, eos, pad)
+EOS_ID = 1
+PROMPT_LENGTHS = (5, 9, 17, 24, 33, 40, 12, 7, 28, 14)
+MIN_MARGIN = 0.02
+
+
+@functools.lru_cache(maxsize=4)
+def hf_model(path: str):
+    """The HF ``LlamaForCausalLM`` at ``path`` (fp32, eval), cached per process."""
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def hf_greedy(model_path: str, prompt: Sequence[int], max_new_tokens: int) -> Tuple[List[int], float]:
+    """Greedy continuation (no EOS stop) of ``prompt`` and the smallest top-2 logit margin along it."""
+    model = hf_model(model_path)
+    out: List[int] = []
+    margin = float("inf")
+    step_input, past = torch.tensor([list(prompt)]), None
+    for _ in range(max_new_tokens):
+        res = model(step_input, past_key_values=past, use_cache=True)
+        past = res.past_key_values
+        top = torch.topk(res.logits[0, -1], 2)
+        margin = min(margin, float(top.values[0] - top.values[1]))
+        out.append(int(top.indices[0]))
+        step_input = torch.tensor([[out[-1]]])
+    return out, margin
+
+
+def _candidate(g: torch.Generator, length: int, vocab: int, planted: bool) -> List[int]:
+    if not planted or length < 12:
+        return torch.randint(FIRST_TOKEN, vocab, (length,), generator=g).tolist()
+    span = max(3, length // 4)
+    a = torch.randint(FIRST_TOKEN, vocab, (span,), generator=g).tolist()
+    rest = torch.randint(FIRST_TOKEN, vocab, (length - 2 * span,), generator=g).tolist()
+    cut = len(rest) // 2
+    return a + rest[:cut] + a + rest[cut:]  # the span ``a`` occurs twice
+
+
+def make_prompts(
+    model_path: str,
+    vocab: int,
+    lengths: Sequence[int] = PROMPT_LENGTHS,
+    horizon: int = 16,
+    seed: int = 1234,
+    min_margin: float = MIN_MARGIN,
+) -> List[List[int]]:
+    """One prompt per entry of ``lengths`` (every other one with a planted repeated span), each drawn from a
+    seeded stream until its HF greedy continuation over ``horizon`` tokens has top-2 margins >= ``min_margin``."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = []
+    for i, length in enumerate(lengths):
+        for _attempt in range(50):
+            cand = _candidate(g, length, vocab, planted=i % 2 == 1)
+            _, margin = hf_greedy(model_path, cand, horizon)
+            if margin >= min_margin:
+                prompts.append(cand)
+                break
+        else:
+            raise RuntimeError(f"no prompt of length {length} with greedy margins >= {min_margin} in 50 draws")
+    return prompts
+
+
+# ------------------------------------------------------------------------------------------------------------
+# scenario builders shared by the plain and the speculative tests
+# ------------------------------------------------------------------------------------------------------------
+
+GREEDY_MAX_NEW = (16, 1, 2, 4, 12, 3, 16, 9)  # request i of every greedy batch; 4 = the verify width
+
+
+def greedy_batch(prompts: List[List[int]], bs: int) -> Tuple[List[List[int]], List[dict]]:
+    """The first ``bs`` prompts with mixed ``max_new_tokens`` (requests finish at different steps)."""
+    if not 1 <= bs <= len(GREEDY_MAX_NEW):
+        raise ValueError(f"bs must be in 1..{len(GREEDY_MAX_NEW)}, got {bs}")
+    sps = [dict(temperature=0.0, max_new_tokens=GREEDY_MAX_NEW[i], ignore_eos=True) for i in range(bs)]
+    return [list(p) for p in prompts[:bs]], sps
+
+
+def first_new_token_index(ids: Sequence[int], start: int = 3) -> int:
+    """The first index ``j >= start`` whose token does not occur in ``ids[:j]``."""
+    for j in range(start, len(ids)):
+        if ids[j] not in ids[:j]:
+            return j
+    raise ValueError("no token that is new from the start index on")
+
+
+def stop_string_window(tokenizer, ids: Sequence[int], start: int = 4, width: int = 2) -> str:
+    """Decoded text of a window of ``ids`` (from ``start``) that is clean (no replacement character, at least
+    two non-space characters), used as a stop string."""
+    for s in range(start, len(ids) - width):
+        text = tokenizer.decode(list(ids[s : s + width]))
+        if "\ufffd" not in text and len(text.strip()) >= 2:
+            return text
+    raise ValueError("no clean decoded window for a stop string")
+
+
+@dataclass(frozen=True)
+class StopCase:
+    """A batch of three requests: one with a stop token id, one with a stop string, one without stops."""
+
+    input_ids: List[List[int]]
+    sampling_params: List[dict]
+    stop_token: int
+    stop_token_index: int  # where the stop token first appears in the unconstrained greedy output
+    stop_string: str
+
+
+def stop_case(prompts: List[List[int]], reference: List[List[int]], tokenizer) -> StopCase:
+    """Build the stop-condition batch from the prompts and their greedy references."""
+    j = first_new_token_index(reference[0])
+    if EOS_ID in reference[0][: j + 1]:
+        raise ValueError("the stop-token request would stop at EOS first; pick another prompt")
+    text = stop_string_window(tokenizer, reference[6])
+    sps = [
+        # ignore_eos would also disable stop_token_ids (Req._check_token_based_finish)
+        dict(temperature=0.0, max_new_tokens=16, ignore_eos=False, stop_token_ids=[reference[0][j]]),
+        dict(temperature=0.0, max_new_tokens=16, ignore_eos=True, stop=[text]),
+        dict(temperature=0.0, max_new_tokens=12, ignore_eos=True),
+    ]
+    return StopCase(
+        input_ids=[list(prompts[0]), list(prompts[6]), list(prompts[3])],
+        sampling_params=sps,
+        stop_token=reference[0][j],
+        stop_token_index=j,
+        stop_string=text,
+    )
+
+
+ABORT_PROMPTS = (1, 2, 4, 5)
+ABORT_INDEX = 1  # position in the batch of the request that gets aborted
+ABORT_MAX_NEW = 24
+
+
+def abort_batch(prompts: List[List[int]]) -> Tuple[List[List[int]], List[dict]]:
+    """Four long requests; the one at ``ABORT_INDEX`` is aborted once it has produced a few tokens."""
+    sps = [dict(temperature=0.0, max_new_tokens=ABORT_MAX_NEW, ignore_eos=True) for _ in ABORT_PROMPTS]
+    return [list(prompts[i]) for i in ABORT_PROMPTS], sps
+
+
+# ------------------------------------------------------------------------------------------------------------
+# checks shared by the plain and the speculative tests
+# ------------------------------------------------------------------------------------------------------------
+
+
+def check_greedy(outputs: List[dict], reference: List[List[int]], sampling_params: List[dict]) -> None:
+    """Every output equals the greedy reference truncated to its ``max_new_tokens`` and finished by length."""
+    assert len(outputs) == len(sampling_params)
+    for i, (out, sp) in enumerate(zip(outputs, sampling_params)):
+        n = sp["max_new_tokens"]
+        assert out["output_ids"] == reference[i][:n], f"request {i}: {out['output_ids']} != {reference[i][:n]}"
+        assert out["meta_info"]["finish_reason"]["type"] == "length", (i, out["meta_info"]["finish_reason"])
+
+
+def check_stop_outputs(outputs: List[dict], case: StopCase, reference: List[List[int]]) -> None:
+    """Oracle checks of the stop batch that need no engine reference."""
+    a, b, c = outputs
+    j = case.stop_token_index
+    assert a["output_ids"] == reference[0][: j + 1], (a["output_ids"], reference[0][: j + 1])
+    assert a["meta_info"]["finish_reason"] == {"type": "stop", "matched": case.stop_token}, a["meta_info"]
+    assert b["meta_info"]["finish_reason"] == {"type": "stop", "matched": case.stop_string}, b["meta_info"]
+    assert len(b["output_ids"]) < case.sampling_params[1]["max_new_tokens"]
+    assert c["output_ids"] == reference[3][: case.sampling_params[2]["max_new_tokens"]]
+
+
+def check_abort(outputs: List[dict], reference_rows: List[List[int]], abort_index: int, max_new: int) -> None:
+    """Requests other than ``abort_index`` equal their references; the aborted one stopped early with an
+    ``abort`` finish reason and a prefix of its reference."""
+    for i, out in enumerate(outputs):
+        ref = reference_rows[i][:max_new]
+        if i == abort_index:
+            assert out["abort_sent"], "the abort was never sent (the request finished first)"
+            assert out["meta_info"]["finish_reason"]["type"] == "abort", out["meta_info"]["finish_reason"]
+            assert len(out["output_ids"]) < max_new
+            assert out["output_ids"] == ref[: len(out["output_ids"])]
+        else:
+            assert out["output_ids"] == ref, f"request {i} changed by the abort of request {abort_index}"
+            assert out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def spec_counters(outputs: List[dict]) -> Dict[str, int]:
+    """Summed speculative counters of a batch (``spec_*`` meta_info fields; absent for 1-token requests)."""
+    total = {"verify_ct": 0, "correct_drafts": 0, "proposed_drafts": 0, "max_accepted_in_a_step": 0}
+    for out in outputs:
+        m = out["meta_info"]
+        total["verify_ct"] += int(m.get("spec_verify_ct") or 0)
+        total["correct_drafts"] += int(m.get("spec_num_correct_drafts") or 0)
+        total["proposed_drafts"] += int(m.get("spec_num_proposed_drafts") or 0)
+        hist = m.get("spec_correct_drafts_histogram") or []
+        nz = [k for k, v in enumerate(hist) if v]
+        total["max_accepted_in_a_step"] = max(total["max_accepted_in_a_step"], max(nz) if nz else 0)
+    return total
