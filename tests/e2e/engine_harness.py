@@ -128,11 +128,20 @@ register_config(EngineConfig("plain"))
 register_config(EngineConfig("standalone", algorithm="STANDALONE", draft="standalone"))
 register_config(EngineConfig("eagle3", algorithm="EAGLE3", draft="eagle3"))
 
-# HYBRID_SPARK over each tiny drafter (not in LOSSLESS_SPEC_CONFIGS until the lead adds them)
-register_config(EngineConfig("hybrid_spark_standalone", algorithm="HYBRID_SPARK", draft="standalone"))
-register_config(EngineConfig("hybrid_spark_eagle3", algorithm="HYBRID_SPARK", draft="eagle3"))
+# HYBRID_SPARK over each tiny drafter. SGLANG_HYBRID_SYNC_GUARD=1 makes any host read of tensor data inside
+# the HYBRID_SPARK decode step raise (and so fail the test that triggered it).
+_GUARD = ("SGLANG_HYBRID_SYNC_GUARD", "1")
+register_config(EngineConfig("hybrid_spark_standalone", algorithm="HYBRID_SPARK", draft="standalone", env=(_GUARD,)))
+register_config(EngineConfig("hybrid_spark_eagle3", algorithm="HYBRID_SPARK", draft="eagle3", env=(_GUARD,)))
+# Ablation: the model still drafts, but only n-gram chains are verified.
+register_config(
+    EngineConfig(
+        "hybrid_spark_ngram_only", algorithm="HYBRID_SPARK", draft="standalone",
+        env=(_GUARD, ("SGLANG_HYBRID_ENABLE_MODEL", "0")),
+    )
+)
 
-LOSSLESS_SPEC_CONFIGS: List[str] = ["standalone", "eagle3"]
+LOSSLESS_SPEC_CONFIGS: List[str] = ["standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3"]
 """Speculative configurations ``tests/e2e/test_spec_e2e.py`` checks for losslessness (append to add more)."""
 
 

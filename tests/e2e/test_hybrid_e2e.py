@@ -1,0 +1,53 @@
+"""HYBRID_SPARK inside the real SGLang engine on CPU: the n-gram chain is chosen where the output repeats,
+accepts several tokens there, and the output stays identical to the HF greedy reference.
+
+The losslessness suite of ``test_spec_e2e.py`` runs on the ``hybrid_spark_*`` configurations too (they are in
+``engine_harness.LOSSLESS_SPEC_CONFIGS``), with ``SGLANG_HYBRID_SYNC_GUARD=1``: any host read of tensor data
+inside the HYBRID_SPARK decode step raises, so those runs also prove the step never synchronises.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import pytest
+from e2e_scenarios import check_greedy
+
+pytestmark = pytest.mark.e2e
+
+MAX_NEW = 40
+
+
+def _repeats(ids: Sequence[int], n: int = 3) -> bool:
+    """Whether some n-gram of ``ids`` occurs twice (the output copies itself: an n-gram drafter can help)."""
+    seen = set()
+    for i in range(len(ids) - n + 1):
+        key = tuple(ids[i : i + n])
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
+def _repeating_prompts(prompts: List[List[int]], reference: List[List[int]]) -> List[int]:
+    return [i for i, (p, r) in enumerate(zip(prompts, reference)) if _repeats(list(p) + list(r[:MAX_NEW]))]
+
+
+@pytest.mark.parametrize("config", ["hybrid_spark_standalone", "hybrid_spark_ngram_only"])
+def test_ngram_chain_is_chosen_on_repeats_and_accepts_several_tokens(engine_pool, prompts, hf_reference, config):
+    rows = _repeating_prompts(prompts, hf_reference)
+    assert len(rows) >= 2, "the tiny target should repeat itself on some prompts"
+    input_ids = [prompts[i] for i in rows]
+    sps = [{"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True} for _ in rows]
+    engine = engine_pool.get(config)
+    outputs = engine.generate(input_ids, sps)
+    check_greedy(outputs, [hf_reference[i] for i in rows], sps)
+    per_req = [o["meta_info"]["hybrid_spark"][-1] for o in outputs]
+    ngram_steps = sum(m["ngram_chosen_steps"] for m in per_req)
+    accepted = sum(m["accepted_ngram"] for m in per_req)
+    assert ngram_steps > 0, per_req
+    # Accept length on n-gram steps (accepted drafts + the bonus token) exceeds 1.
+    assert (accepted + ngram_steps) / ngram_steps > 1.0, per_req
+    server = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    assert server["ngram_chosen"] >= ngram_steps and server["accepted_ngram"] >= accepted
+    assert 0.0 <= server["ngram_win_rate"] <= 1.0 and server["mean_accept_length"] >= 1.0
