@@ -1,0 +1,170 @@
+"""Set up and run simulations: tokenize a workload, draw the model drafter's behaviour, run the policies."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..config import HybridConfig
+from ..selection.sps import SpsTable, load_default_sps_table, load_sps_table, roofline_sps_table
+from .cost import make_cost
+from .acceptance import DEFAULT_CONCENTRATION, DEFAULT_DECAY, AcceptanceModel
+from .jsonl import Record
+from .policies import DSparkPolicy, HybridPolicy, NgramPolicy
+from .simulator import PolicyResult, Request, run_policy
+from .trace import ModelDraws, load_trace
+
+POLICIES = ("dspark", "ngram", "hybrid")
+DEFAULT_DRAFT_COST_FRAC = 0.15
+DEFAULT_NGRAM_WIDTH = 12  # SGLang NGRAM's default --speculative-num-draft-tokens
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Everything a simulation depends on besides the workload (all recorded in the JSON output)."""
+
+    batch_size: int
+    policies: tuple[str, ...] = POLICIES
+    gamma: int = 7
+    seed: int = 0
+    max_requests: int = 0  # 0 = all; else the first M records (the shipped files are in hashed order)
+    draft_cost_frac: float = DEFAULT_DRAFT_COST_FRAC
+    dspark_lag: int = 2  # SGLang's SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS default
+    ngram_width: int = DEFAULT_NGRAM_WIDTH
+    accept_length: Optional[float] = None  # override the declared full-gamma accepted length of every kind
+    concentration: float = DEFAULT_CONCENTRATION
+    decay: float = DEFAULT_DECAY
+    trace: Optional[str] = None
+    n_min: int = HybridConfig.n_min
+    n_max: int = HybridConfig.n_max
+    max_draft: Optional[int] = None  # hybrid n-gram chain length; None = min(HybridConfig.max_draft, gamma)
+    window: int = HybridConfig.window
+    num_iters: int = HybridConfig.num_iters
+    enable_ngram: bool = True
+    calibration: Optional[str] = None  # None = the shipped table
+    sps_table: Optional[str] = None  # None = the shipped roofline table
+    tokenizer: Optional[str] = None  # None = the shipped tokenizer
+    cost: str = "sps"  # "sps": 1/SPS(B) from the table; "roofline-2d": KV charged per actual request (cost.py)
+    measure: str = "steady"  # "steady": full batches only (stop when the queue runs dry); "all": to the end
+    progress: bool = False
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        bad = [p for p in self.policies if p not in POLICIES]
+        if bad or not self.policies:
+            raise ValueError(f"policies: choose from {POLICIES}, got {list(self.policies)}")
+        if self.gamma < 1:
+            raise ValueError(f"gamma: must be >= 1, got {self.gamma}")
+        if self.max_requests < 0:
+            raise ValueError(f"max_requests: must be >= 0, got {self.max_requests}")
+        if self.cost not in ("sps", "roofline-2d"):
+            raise ValueError(f"cost: choose from ('sps', 'roofline-2d'), got {self.cost!r}")
+        if self.measure not in ("steady", "all"):
+            raise ValueError(f"measure: choose from ('steady', 'all'), got {self.measure!r}")
+        if self.max_draft is not None and not (1 <= self.max_draft <= 16):
+            raise ValueError(f"max_draft: must be in [1, 16], got {self.max_draft}")
+
+    @property
+    def hybrid_max_draft(self) -> int:
+        return self.max_draft if self.max_draft is not None else min(HybridConfig.max_draft, self.gamma)
+
+
+def load_sps(path: Optional[str]) -> SpsTable:
+    """The SPS table of ``path`` (SGLang's SpsCostTable JSON) or the shipped roofline default."""
+    if path:
+        return load_sps_table(path)
+    try:
+        return load_default_sps_table()
+    except Exception:  # the shipped file is missing: the same model, computed
+        return roofline_sps_table()
+
+
+def load_calibration(path: Optional[str]):
+    from ..calibration.table import CalibrationTable
+
+    return CalibrationTable.load(path) if path else CalibrationTable.load_default()
+
+
+def prepare_requests(records: Sequence[Record], opts: SimOptions, tokenizer=None) -> tuple[list[Request], int, dict]:
+    """Tokenize and draw the model drafter's behaviour; returns (requests, vocab size, trace coverage)."""
+    if tokenizer is None:
+        from ..tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(opts.tokenizer)
+    if opts.max_requests:
+        records = records[: opts.max_requests]
+    if not records:
+        raise ValueError("workload: no records to simulate")
+    prompts = tokenizer.encode_batch([r.prompt for r in records], add_special_tokens=False)
+    outputs = tokenizer.encode_batch([r.output for r in records], add_special_tokens=False)
+    trace = load_trace(opts.trace, opts.gamma) if opts.trace else None
+    models: dict[str, AcceptanceModel] = {}
+    draws: dict[str, ModelDraws] = {}
+    reqs = []
+    for i, (rec, p, o) in enumerate(zip(records, prompts, outputs)):
+        if rec.kind not in models:
+            models[rec.kind] = AcceptanceModel.for_kind(rec.kind, opts.gamma, length=opts.accept_length,
+                                                        decay=opts.decay, concentration=opts.concentration)
+            draws[rec.kind] = ModelDraws(models[rec.kind], opts.seed, trace)
+        out = np.asarray(o.ids, dtype=np.int32)
+        conf, acc = draws[rec.kind].for_request(i, rec.id, len(out))
+        reqs.append(Request(i, rec.id, np.asarray(p.ids, dtype=np.int32), out, conf, acc))
+    coverage: dict = {}
+    if trace is not None:
+        for d in draws.values():
+            for k, v in d.coverage.items():
+                coverage[k] = coverage.get(k, 0) + v
+    meta = {"models": {k: {"cond": [round(x, 4) for x in m.cond], "expected_length": round(m.expected_length(), 4),
+                           "concentration": m.concentration} for k, m in models.items()},
+            "trace_coverage": coverage or None}
+    return reqs, tokenizer.get_vocab_size(), meta
+
+
+def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
+    if name == "dspark":
+        return DSparkPolicy(opts.gamma, sps, lag=opts.dspark_lag)
+    if name == "ngram":
+        return NgramPolicy(opts.ngram_width, opts.n_min, opts.n_max, opts.window)
+    if name == "hybrid":
+        L = opts.hybrid_max_draft
+        return HybridPolicy(opts.gamma, opts.batch_size, sps, calibration if calibration is not None else
+                            load_calibration(opts.calibration), n_min=opts.n_min, n_max=opts.n_max, max_draft=L,
+                            window=opts.window, num_iters=opts.num_iters, enable_ngram=opts.enable_ngram,
+                            max_verify_len=opts.gamma if L <= opts.gamma else 0)
+    raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
+
+
+def simulate(records: Sequence[Record], opts: SimOptions, *, tokenizer=None, calibration=None,
+             label: str = "") -> dict:
+    """Run the chosen policies on ``records``; returns the JSON-ready result (see ``simulate_cli``)."""
+    opts.validate()
+    t0 = time.time()
+    sps = load_sps(opts.sps_table)
+    reqs, vocab, meta = prepare_requests(records, opts, tokenizer)
+    results: dict[str, PolicyResult] = {}
+    for name in opts.policies:
+        pol = make_policy(name, opts, sps, calibration)
+        results[name] = run_policy(pol, reqs, opts.batch_size, sps, gamma=opts.gamma, vocab_size=vocab,
+                                   cost=make_cost(opts.cost, sps),
+                                   draft_cost_frac=opts.draft_cost_frac, progress=opts.progress, measure=opts.measure,
+                                   label=f"{label}{name} bs={opts.batch_size}")
+    kinds = sorted({r.kind for r in (records[: opts.max_requests] if opts.max_requests else records)})
+    out = {
+        "kind": kinds[0] if len(kinds) == 1 else kinds,
+        "batch_size": opts.batch_size,
+        "requests": len(reqs),
+        "subsampled": bool(opts.max_requests and opts.max_requests < len(records)),
+        "policies": {k: v.summary() for k, v in results.items()},
+        "ratios": {},
+        "settings": {**asdict(opts), "hybrid_max_draft": opts.hybrid_max_draft, "sps_table": sps.source,
+                     **meta},
+        "seconds": round(time.time() - t0, 1),
+    }
+    for other in ("dspark", "ngram"):
+        if "hybrid" in results and other in results and results[other].throughput:
+            out["ratios"][f"hybrid_over_{other}"] = round(results["hybrid"].throughput / results[other].throughput, 4)
+    return out

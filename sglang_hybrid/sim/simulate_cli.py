@@ -1,0 +1,144 @@
+"""``hybrid-spark simulate``: replay a workload through the real n-gram drafter, calibration and selection.
+
+    hybrid-spark simulate --workload FILE.jsonl --batch-size N [--policy dspark|ngram|hybrid|all] [--json] ...
+    hybrid-spark simulate --default [--plot PNG] [--json]     # the shipped workloads at batch 4, 32, 128
+
+The model drafter is a declared acceptance model (or a recorded trace, --trace); the step cost comes from an SPS
+table (default: the shipped roofline table for an 8B model on an H200). See ``sglang_hybrid/sim/simulator.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .acceptance import DEFAULT_CONCENTRATION, DEFAULT_DECAY
+from .runner import DEFAULT_DRAFT_COST_FRAC, DEFAULT_NGRAM_WIDTH, POLICIES, SimOptions
+
+
+def _batch_sizes(s: str) -> list[int]:
+    try:
+        out = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--batch-size: expected N or N,M,..., got {s!r}") from None
+    if not out or any(b < 1 for b in out):
+        raise argparse.ArgumentTypeError(f"--batch-size: batch sizes must be >= 1, got {s!r}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hybrid-spark simulate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    w = p.add_mutually_exclusive_group(required=True)
+    w.add_argument("--workload", help="workload JSONL file ({id, kind, prompt, output} per line)")
+    w.add_argument("--default", action="store_true",
+                   help="run the shipped code-edit and chat workloads at batch 4, 32 and 128 (subsampled to stay fast)")
+    p.add_argument("--batch-size", type=_batch_sizes, default=None,
+                   help="concurrent requests; a comma list runs each (default: 4,32,128 with --default)")
+    p.add_argument("--policy", choices=POLICIES + ("all",), default="all")
+    p.add_argument("--sps-table", default=None, help="SPS table JSON (SGLang DSpark SpsCostTable format); "
+                   "default: the shipped roofline table (8B bf16 on one H200)")
+    p.add_argument("--tokenizer", default=None, help="HF tokenizer directory (default: the shipped tokenizer)")
+    p.add_argument("--calibration", default=None, help="n-gram calibration JSON (default: the shipped table)")
+    p.add_argument("--trace", default=None, help="replay the model drafter from a worker trace (JSONL)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="replay only the first M requests (default: all; --default picks per batch size)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--plot", default=None, help="write a PNG of the throughput ratios versus batch size")
+    m = p.add_argument_group("model drafter (declared acceptance model)")
+    m.add_argument("--gamma", type=int, default=7, help="model chain length")
+    m.add_argument("--accept-length", type=float, default=None,
+                   help="full-gamma accepted length incl. bonus (default: DSpark's published 5.0 code / 3.7 chat)")
+    m.add_argument("--concentration", type=float, default=DEFAULT_CONCENTRATION,
+                   help="Beta concentration of per-step confidences (inf: no per-step variation)")
+    m.add_argument("--decay", type=float, default=DEFAULT_DECAY, help="per-position decay of mean acceptance")
+    m.add_argument("--draft-cost-frac", type=float, default=DEFAULT_DRAFT_COST_FRAC,
+                   help="model drafter's cost as a fraction of the step (dspark and hybrid)")
+    m.add_argument("--dspark-lag", type=int, default=2, help="steps of staleness of DSpark's budget survivals")
+    n = p.add_argument_group("n-gram drafter and selection")
+    n.add_argument("--ngram-width", type=int, default=DEFAULT_NGRAM_WIDTH,
+                   help="NGRAM policy: verify tokens per request (root + drafts), SGLang's default 12")
+    n.add_argument("--max-draft", type=int, default=None,
+                   help="hybrid n-gram chain length (default min(16, gamma), as the v1 worker's verify window)")
+    n.add_argument("--n-min", type=int, default=2)
+    n.add_argument("--n-max", type=int, default=8)
+    n.add_argument("--num-iters", type=int, default=2)
+    n.add_argument("--no-ngram", action="store_true", help="hybrid with its n-gram drafter disabled (ablation)")
+    p.add_argument("--cost", choices=("sps", "roofline-2d"), default="sps",
+                   help="step cost: 1/SPS(B) from the table, or a roofline charging each request's KV (see cost.py)")
+    p.add_argument("--measure", choices=("steady", "all"), default="steady",
+                   help="steady: count only full-batch steps (stop when the queue runs dry); all: replay to the end")
+    p.add_argument("--progress", dest="progress", action="store_true", default=None, help="tqdm bar on stderr")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
+    return SimOptions(
+        batch_size=batch_size, policies=POLICIES if args.policy == "all" else (args.policy,), gamma=args.gamma,
+        seed=args.seed, max_requests=args.max_requests or 0, draft_cost_frac=args.draft_cost_frac,
+        dspark_lag=args.dspark_lag, ngram_width=args.ngram_width, accept_length=args.accept_length,
+        concentration=args.concentration, decay=args.decay, trace=args.trace, n_min=args.n_min, n_max=args.n_max,
+        max_draft=args.max_draft, num_iters=args.num_iters, enable_ngram=not args.no_ngram,
+        calibration=args.calibration, sps_table=args.sps_table, tokenizer=args.tokenizer,
+        measure=args.measure, cost=args.cost, progress=sys.stderr.isatty() if args.progress is None else args.progress,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``hybrid-spark simulate``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from .report import run_report
+    from .runner import load_calibration, simulate
+    from .jsonl import read_workload
+    from .table import format_run, format_summary
+
+    try:
+        if args.default:
+            from .report import REPORT_BATCH_SIZES
+
+            bss = args.batch_size or list(REPORT_BATCH_SIZES)
+            runs = run_report(bss, max_requests=args.max_requests, base=_options(args, bss[0]))
+        else:
+            records = read_workload(args.workload)
+            bss = args.batch_size or [4]
+            base = _options(args, bss[0])
+            cal = load_calibration(base.calibration) if "hybrid" in base.policies else None
+            runs = []
+            for bs in bss:
+                r = simulate(records, dataclasses.replace(base, batch_size=bs), calibration=cal)
+                r["workload"] = Path(args.workload).name
+                r["total_requests"] = len(records)
+                runs.append(r)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hybrid-spark simulate: error: {e}", file=sys.stderr)
+        return 2
+    if args.plot:
+        from .plot import plot_ratios
+
+        plot_ratios(runs, args.plot)
+    if args.json:
+        print(json.dumps(runs[0] if len(runs) == 1 else {"runs": runs}, indent=1))
+    else:
+        for r in runs:
+            print(format_run(r))
+            print()
+        if len(runs) > 1:
+            print(format_summary(runs))
+        if any(r.get("subsampled") for r in runs):
+            print("note: some runs replayed only the first requests of the workload (see 'subsampled' above).")
+        print("note: the model drafter is a declared acceptance model (DSpark's published accepted lengths), "
+              "not a real draft model; step times come from the SPS table "
+              f"({runs[0]['settings']['sps_table']}).")
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

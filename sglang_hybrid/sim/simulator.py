@@ -1,0 +1,244 @@
+"""Replay a workload through a policy, step by step, as a server with ``batch_size`` slots would run it.
+
+Per decode step, for the running requests (a finished request's slot is refilled from the queue; a new request
+starts with its prompt and the first output token, which prefill produced):
+
+1. the model drafter's chain and confidences come from ``ModelDraws`` (declared acceptance model or trace): its
+   tokens equal the reference output up to its drawn acceptance length and differ right after it;
+2. the policy runs the real code (``policies.py``) and picks, per request, a chain and how many of its draft
+   tokens to verify;
+3. acceptance: the verified prefix that matches the reference output (the target's output is known), so the
+   n-gram chain is checked token by token and the model chain accepts exactly its drawn length; the bonus
+   token is always produced; a request never produces past the end of its reference output;
+4. the accepted tokens and the bonus are appended to the request's token history (``TokenHistory.append``);
+5. step cost: ``1 / SPS(B)`` at the verify batch ``B = sum_r (1 + verified_r)`` (NGRAM: ``bs * width``), times
+   ``1 + draft_cost_frac`` when the policy runs the model drafter (the n-gram lookup is counted as free).
+
+Prefill is not modelled: its time is not counted and neither is the first output token it produces.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..ngram import TokenHistory
+from ..selection.sps import SpsTable
+from .policies import StepInput
+
+
+@dataclass
+class PolicyResult:
+    """Totals of one policy on one workload at one batch size."""
+
+    policy: str
+    batch_size: int
+    requests: int = 0
+    steps: int = 0
+    request_steps: int = 0
+    output_tokens: int = 0  # produced by decode steps (the first token of each request is prefill's)
+    verify_tokens: int = 0  # sum of B over steps (roots included)
+    draft_verified: int = 0
+    draft_accepted: int = 0
+    ngram_chosen: int = 0
+    verify_seconds: float = 0.0  # sum of 1/SPS(B)
+    step_seconds: float = 0.0  # including the model drafter's cost
+    ngram_drafts: int = 0  # hybrid: request-steps with an n-gram draft (chosen or not)
+    ngram_pred: float = 0.0  # sum over them of the calibrated expected accepted length (sum of survivals)
+    ngram_obs: int = 0  # sum over them of the accepted length the draft really had (against the reference)
+    accepted_hist: list[int] = field(default_factory=list)  # per request-step tokens produced, if recorded
+
+    @property
+    def accepted_per_step(self) -> float:
+        """Tokens produced per request per step, bonus included (SGLang's accept length)."""
+        return self.output_tokens / max(self.request_steps, 1)
+
+    @property
+    def verified_per_step(self) -> float:
+        """Verify tokens per request per step, root included (what a request costs in B)."""
+        return self.verify_tokens / max(self.request_steps, 1)
+
+    @property
+    def theta(self) -> float:
+        """Realised Theta: output tokens per second of target verify time (DSpark's objective)."""
+        return self.output_tokens / self.verify_seconds if self.verify_seconds else 0.0
+
+    @property
+    def throughput(self) -> float:
+        """Modelled output throughput (tokens/s): output tokens / sum of step times (drafting included)."""
+        return self.output_tokens / self.step_seconds if self.step_seconds else 0.0
+
+    def summary(self) -> dict:
+        return {
+            "accepted_per_step": round(self.accepted_per_step, 4),
+            "verified_per_step": round(self.verified_per_step, 4),
+            "theta": round(self.theta, 2),
+            "throughput": round(self.throughput, 2),
+            "steps": self.steps,
+            "mean_batch": round(self.request_steps / max(self.steps, 1), 2),
+            "output_tokens": self.output_tokens,
+            "draft_acceptance": round(self.draft_accepted / max(self.draft_verified, 1), 4),
+            "ngram_chosen_frac": round(self.ngram_chosen / max(self.request_steps, 1), 4),
+            **({"ngram_calibration": {"drafts": self.ngram_drafts,
+                                      "predicted_accepted_per_draft": round(self.ngram_pred / self.ngram_drafts, 4),
+                                      "actual_accepted_per_draft": round(self.ngram_obs / self.ngram_drafts, 4)}}
+               if self.ngram_drafts else {}),
+        }
+
+
+@dataclass
+class Request:
+    index: int
+    id: str
+    prompt: np.ndarray  # int32 token ids
+    output: np.ndarray  # int32 reference output ids
+    conf: np.ndarray  # [len(output), gamma] float32
+    accept_len: np.ndarray  # [len(output)] int64 model-chain acceptance length at each start position
+
+
+def run_policy(
+    policy,
+    requests: Sequence[Request],
+    batch_size: int,
+    sps: SpsTable,
+    *,
+    gamma: int,
+    vocab_size: int,
+    draft_cost_frac: float = 0.15,
+    lookahead: int = 16,
+    progress: bool = False,
+    record_hist: bool = False,
+    label: str = "",
+    measure: str = "all",
+    cost=None,
+) -> PolicyResult:
+    """Simulate ``policy`` over ``requests`` (in order) with ``batch_size`` slots; see the module docstring.
+
+    ``measure="all"`` replays every request to the end (the batch drains at the tail); ``"steady"`` stops at
+    the first step the queue can no longer fill every slot, so every counted step runs a full batch (a
+    server under sustained load). ``cost`` prices a step (``cost.py``; default ``1 / sps.lookup(B)``).
+    """
+    if cost is None:
+        from .cost import SpsCost
+
+        cost = SpsCost(sps)
+    if batch_size < 1:
+        raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+    if measure not in ("all", "steady"):
+        raise ValueError(f"measure: must be 'all' or 'steady', got {measure!r}")
+    if measure == "steady" and sum(1 for r in requests if len(r.output) >= 2) <= batch_size:
+        raise ValueError(f"measure 'steady' needs more requests than batch_size={batch_size} "
+                         f"(got {len(requests)}); use measure 'all' or more requests")
+    if draft_cost_frac < 0:
+        raise ValueError(f"draft_cost_frac: must be >= 0, got {draft_cost_frac}")
+    look = max(lookahead, gamma)
+    width = max(len(r.prompt) + len(r.output) for r in requests) + 1
+    width = (width + 63) // 64 * 64
+    draft_cols = max(look, 16)
+    hist = TokenHistory(batch_size, width, "cpu", backend="torch", max_batch_size=batch_size, max_draft=draft_cols)
+    res = PolicyResult(policy.name, batch_size)
+    queue = deque(r for r in requests if len(r.output) >= 2)
+    res.requests = len(queue)
+    pad = np.full(look + 1, -1, dtype=np.int64)
+    refs = {r.index: np.concatenate([r.output.astype(np.int64), pad]) for r in requests}
+    running: dict[int, tuple[Request, int]] = {}  # slot -> (request, output position)
+    free = list(range(batch_size - 1, -1, -1))
+    bar = _bar(sum(len(r.output) - 1 for r in queue), progress, label or policy.name)
+    col = np.arange(gamma)
+    while queue or running:
+        admitted = []
+        while free and queue:
+            slot, req = free.pop(), queue.popleft()
+            running[slot] = (req, 1)
+            admitted.append((slot, req))
+        if admitted:
+            _prefill(hist, admitted)
+        if measure == "steady" and len(running) < batch_size:
+            break
+        order = sorted(running)
+        bs = len(order)
+        slots = torch.tensor(order, dtype=torch.int64)
+        reqs = [running[s][0] for s in order]
+        pos = np.array([running[s][1] for s in order], dtype=np.int64)
+        ref = np.stack([refs[r.index][p: p + look] for r, p in zip(reqs, pos)])  # [bs, look], -1 past the end
+        acc_m = np.array([r.accept_len[p] for r, p in zip(reqs, pos)], dtype=np.int64)
+        conf = np.stack([r.conf[p] for r, p in zip(reqs, pos)])
+        wrong = np.where(ref[:, :gamma] < 0, 0, (ref[:, :gamma] + 1) % vocab_size)
+        model_tok = np.where(col[None, :] < acc_m[:, None], ref[:, :gamma], wrong)
+        inp = StepInput(slots, [r.index for r in reqs], torch.from_numpy(model_tok.astype(np.int32)),
+                        torch.from_numpy(np.ascontiguousarray(conf, dtype=np.float32)))
+        out = policy.step(inp, hist)
+        vl = out.verify_len.numpy().astype(np.int64)
+        chain = out.tokens.numpy().astype(np.int64)
+        c = chain.shape[1]
+        if c > look:
+            raise ValueError(f"policy chain width {c} exceeds the simulator lookahead {look}")
+        match = (chain == ref[:, :c]) & (np.arange(c)[None, :] < vl[:, None])
+        accepted = np.where(match.all(axis=1), c, np.argmin(match, axis=1))
+        remaining = np.array([len(r.output) for r in reqs]) - pos
+        produced = np.minimum(accepted + 1, remaining)
+        new = np.where(np.arange(look)[None, :] < produced[:, None], ref, 0).astype(np.int32)
+        hist.append(slots, torch.from_numpy(new), torch.from_numpy(produced.astype(np.int32)))
+        t = cost.seconds(out.batch_tokens, bs, int(sum(len(r.prompt) for r in reqs) + pos.sum()))
+        res.steps += 1
+        res.request_steps += bs
+        res.output_tokens += int(produced.sum())
+        res.verify_tokens += out.batch_tokens
+        res.draft_verified += int(vl.sum())
+        res.draft_accepted += int(np.minimum(accepted, vl).sum())
+        res.ngram_chosen += int(out.ngram_chosen.sum())
+        res.verify_seconds += t
+        res.step_seconds += t * (1.0 + (draft_cost_frac if policy.uses_model else 0.0))
+        if out.ngram_tokens is not None:
+            nl = out.ngram_len.numpy().astype(np.int64)
+            nt = out.ngram_tokens.numpy().astype(np.int64)
+            L = nt.shape[1]
+            nm = (nt == ref[:, :L]) & (np.arange(L)[None, :] < nl[:, None])
+            res.ngram_drafts += int((nl > 0).sum())
+            res.ngram_obs += int(np.where(nm.all(axis=1), L, np.argmin(nm, axis=1)).sum())
+            res.ngram_pred += float((out.ngram_surv.numpy() * (np.arange(L)[None, :] < nl[:, None])).sum())
+        if record_hist:
+            res.accepted_hist.extend(int(x) for x in produced)
+        done = []
+        for s, r, p, n in zip(order, reqs, pos, produced):
+            if p + n >= len(r.output):
+                done.append(s)
+            else:
+                running[s] = (r, int(p + n))
+        if done:
+            hist.reset(torch.tensor(done, dtype=torch.int64))
+            for s in done:
+                del running[s]
+                free.append(s)
+            free.sort(reverse=True)
+        if bar is not None:
+            bar.update(int(produced.sum()))
+    if bar is not None:
+        bar.close()
+    return res
+
+
+def _prefill(hist: TokenHistory, admitted: list[tuple[int, Request]]) -> None:
+    """Write each new request's prompt and its first output token (prefill's) into its history row."""
+    slots = torch.tensor([s for s, _ in admitted], dtype=torch.int64)
+    plen = max(len(r.prompt) for _, r in admitted)
+    prompt = np.zeros((len(admitted), max(plen, 1)), dtype=np.int32)
+    for i, (_, r) in enumerate(admitted):
+        prompt[i, : len(r.prompt)] = r.prompt
+    hist.write_prompt(slots, torch.from_numpy(prompt),
+                      torch.tensor([len(r.prompt) for _, r in admitted], dtype=torch.int32))
+    first = torch.tensor([[int(r.output[0])] for _, r in admitted], dtype=torch.int32)
+    hist.append(slots, first, torch.ones(len(admitted), dtype=torch.int32))
+
+
+def _bar(total: int, enabled: bool, label: str):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=label, unit="tok", file=sys.stderr, leave=False, dynamic_ncols=True)

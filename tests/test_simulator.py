@@ -1,0 +1,206 @@
+"""The replay simulator: the declared acceptance model, the NGRAM policy against a pure-Python replay, the
+hybrid with its n-gram drafter off against DSpark, determinism, trace replay and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sglang_hybrid.selection.sps import SpsTable
+from sglang_hybrid.sim import simulate_cli
+from sglang_hybrid.sim.acceptance import AcceptanceModel, accepted_prefix, expected_length, solve_curve
+from sglang_hybrid.sim.jsonl import read_workload, write_workload
+from sglang_hybrid.sim.policies import DSparkPolicy
+from sglang_hybrid.sim.report import run_report
+from sglang_hybrid.sim.runner import SimOptions, simulate
+from sglang_hybrid.sim.simulator import Request, run_policy
+from sglang_hybrid.sim.trace import ModelDraws, TraceFormatError, load_trace
+from sglang_hybrid.tokenizer import load_tokenizer
+
+DATA = Path(__file__).resolve().parent.parent / "sglang_hybrid" / "data" / "workloads"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def short_code(tok):
+    """The shipped code-edit records with the shortest prompt + output (kept small for speed)."""
+    recs = read_workload(DATA / "code_edit.jsonl")
+    return sorted(recs, key=lambda r: len(r.prompt) + len(r.output))[:6]
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return read_workload(DATA / "chat.jsonl")
+
+
+def test_acceptance_curves():
+    for target in (5.0, 3.7, 1.5):
+        cond = solve_curve(target, 7, 0.97)
+        assert abs(expected_length(cond) - target) < 1e-9
+        assert all(a >= b for a, b in zip(cond, cond[1:]))
+    m = AcceptanceModel.for_kind("code-edit")
+    c1, u1 = m.draw(3, 5, 100)
+    c2, u2 = m.draw(3, 5, 100)
+    assert np.array_equal(c1, c2) and np.array_equal(u1, u2)
+    assert not np.array_equal(c1, m.draw(4, 5, 100)[0])
+    c = np.array([[0.9, 0.9, 0.9], [0.5, 0.5, 0.5]], dtype=np.float32)
+    u = np.array([[0.1, 0.95, 0.0], [0.4, 0.4, 0.4]], dtype=np.float32)
+    assert accepted_prefix(c, u).tolist() == [1, 3]
+    with pytest.raises(ValueError, match="target_length"):
+        solve_curve(9.0, 7)
+
+
+def _random_requests(model: AcceptanceModel, n: int, length: int, seed: int = 0) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(n):
+        conf, u = model.draw(seed, i, length)
+        reqs.append(Request(i, f"r{i}", rng.integers(1, 5000, 32, dtype=np.int32),
+                            rng.integers(1, 5000, length, dtype=np.int32), conf, accepted_prefix(conf, u)))
+    return reqs
+
+
+@pytest.mark.parametrize("kind", ["code-edit", "chat"])
+def test_dspark_reproduces_declared_acceptance(kind):
+    """With a flat SPS table the DSpark budget admits every draft token, so the mean accepted length per step
+    must match the declared model's full-gamma expectation (within 2%)."""
+    model = AcceptanceModel.for_kind(kind)
+    flat = SpsTable((1,), (100.0,), 8192)
+    reqs = _random_requests(model, 16, 3000)
+    res = run_policy(DSparkPolicy(7, flat, lag=2), reqs, 16, flat, gamma=7, vocab_size=5000, measure="all")
+    assert res.request_steps > 8000
+    assert res.verified_per_step == 8.0  # every request verifies its whole chain (7 drafts + root)
+    assert abs(res.accepted_per_step / model.expected_length() - 1) < 0.02
+    # and the per-token acceptance of verified drafts matches the curve's mean
+    target = (model.expected_length() - 1) / 7
+    assert abs(res.draft_accepted / res.draft_verified - target) < 0.02
+
+
+def _ngram_lookup(h: list[int], n_min: int, n_max: int, max_draft: int) -> list[int]:
+    """Pure-Python prompt lookup (the semantics of ``sglang_hybrid/ngram/reference.py``, window 0)."""
+    T = len(h)
+    best_m, best_e = 0, -1
+    for e in range(T - 1):
+        m = 0
+        while m < n_max and e - m >= 0 and h[e - m] == h[T - 1 - m]:
+            m += 1
+        if m >= best_m and m > 0:
+            best_m, best_e = m, e
+    if best_m < n_min:
+        return []
+    return h[best_e + 1: min(best_e + 1 + max_draft, T)]
+
+
+def test_ngram_policy_equals_bruteforce_replay(short_code, tok):
+    opts = SimOptions(batch_size=3, policies=("ngram",), measure="all")
+    res = simulate(short_code, opts)["policies"]["ngram"]
+    width = opts.ngram_width
+    steps = produced = verified = accepted = 0
+    for r in short_code:
+        prompt = tok.encode(r.prompt, add_special_tokens=False).ids
+        out = tok.encode(r.output, add_special_tokens=False).ids
+        h, pos = prompt + out[:1], 1
+        while pos < len(out):
+            draft = _ngram_lookup(h, opts.n_min, opts.n_max, width - 1)
+            acc = 0
+            while acc < len(draft) and pos + acc < len(out) and draft[acc] == out[pos + acc]:
+                acc += 1
+            n = min(acc + 1, len(out) - pos)
+            h += out[pos: pos + n]
+            pos += n
+            steps += 1
+            produced += n
+            verified += len(draft)
+            accepted += acc
+    assert res["output_tokens"] == produced
+    assert res["accepted_per_step"] == round(produced / steps, 4)
+    assert res["verified_per_step"] == width
+    assert res["draft_acceptance"] == round(accepted / verified, 4)
+    assert produced / steps > 2.0  # code edits copy the prompt: the n-gram drafter has a lot to find
+
+
+def test_hybrid_without_ngram_equals_dspark(chat):
+    """Batch 24 with the roofline table makes the budget bind (the step is compute-bound past ~184 tokens)."""
+    recs = chat[:40]
+    base = SimOptions(batch_size=24, dspark_lag=0, measure="all", enable_ngram=False)
+    res = simulate(recs, base)
+    d, h = res["policies"]["dspark"], res["policies"]["hybrid"]
+    assert d["verified_per_step"] < 7.5  # the budget cut some draft tokens
+    for key in ("accepted_per_step", "verified_per_step", "theta", "throughput", "steps", "output_tokens",
+                "draft_acceptance"):
+        assert d[key] == h[key], key
+    assert h["ngram_chosen_frac"] == 0.0
+    # with the n-gram drafter on, the hybrid differs (it does find n-gram chains)
+    on = simulate(recs, dataclasses.replace(base, policies=("hybrid",), enable_ngram=True))
+    assert on["policies"]["hybrid"]["ngram_calibration"]["drafts"] > 0
+
+
+def test_simulation_is_deterministic(short_code):
+    opts = SimOptions(batch_size=2, max_requests=3)
+    a, b = simulate(short_code, opts), simulate(short_code, opts)
+    assert a["policies"] == b["policies"] and a["ratios"] == b["ratios"]
+    c = simulate(short_code, dataclasses.replace(opts, seed=1, policies=("dspark",)))
+    assert c["policies"]["dspark"] != a["policies"]["dspark"]
+
+
+def test_trace_replay(tmp_path):
+    model = AcceptanceModel.for_kind("chat")
+    lines = [
+        {"id": "a", "pos": 0, "conf": [0.9] * 7, "verified": 5, "accepted": 2},  # rejection seen: exactly 2
+        {"id": "a", "pos": 3, "conf": [0.2] * 7, "verified": 7, "accepted": 7},  # all verified and accepted
+        {"id": "a", "pos": 5, "conf": [1.0] * 7, "verified": 3, "accepted": 3},  # censored: >= 3, then drawn
+    ]
+    p = tmp_path / "trace.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    draws = ModelDraws(model, 0, load_trace(p, 7))
+    conf, acc = draws.for_request(0, "a", 8)
+    assert acc[0] == 2 and acc[3] == 7 and acc[5] == 7  # conf 1.0 past the censored part: all accepted
+    assert np.allclose(conf[1], 0.9) and np.allclose(conf[4], 0.2)  # earlier record lends its confidences
+    assert draws.coverage == {"exact": 3, "earlier": 5, "declared": 0}
+    draws.for_request(1, "unknown", 4)
+    assert draws.coverage["declared"] == 4
+    p.write_text(json.dumps({"id": "a", "pos": 0, "conf": [0.5] * 7, "verified": 2, "accepted": 3}) + "\n")
+    with pytest.raises(TraceFormatError, match=":1:"):
+        load_trace(p, 7)
+
+
+def test_cli_json_table_and_plot(tmp_path, capsys, chat):
+    wl = tmp_path / "w.jsonl"
+    write_workload(wl, chat[:8])
+    png = tmp_path / "r.png"
+    rc = simulate_cli.main(["--workload", str(wl), "--batch-size", "2", "--json", "--max-requests", "6",
+                            "--measure", "all", "--plot", str(png), "--no-progress"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for pol in ("dspark", "ngram", "hybrid"):
+        assert set(out["policies"][pol]) >= {"accepted_per_step", "verified_per_step", "theta", "throughput"}
+    assert set(out["ratios"]) == {"hybrid_over_dspark", "hybrid_over_ngram"}
+    assert out["subsampled"] and out["requests"] == 6
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert simulate_cli.main(["--workload", str(wl), "--batch-size", "2", "--policy", "ngram", "--measure",
+                              "all", "--no-progress"]) == 0
+    assert "ngram" in capsys.readouterr().out
+    assert simulate_cli.main(["--workload", str(tmp_path / "missing.jsonl"), "--no-progress"]) == 2
+
+
+def test_report_on_small_workloads(tmp_path, chat):
+    wl = tmp_path / "c.jsonl"
+    write_workload(wl, chat[:5])
+    runs = run_report([2], max_requests=4, workloads={"chat": wl}, log=lambda m: None,
+                      base=SimOptions(batch_size=2, policies=("ngram", "hybrid")))
+    assert len(runs) == 1 and runs[0]["subsampled"] and "hybrid_over_ngram" in runs[0]["ratios"]
+
+
+def test_steady_measure_needs_a_queue(chat):
+    with pytest.raises(ValueError, match="steady"):
+        simulate(chat[:4], SimOptions(batch_size=4, policies=("ngram",)))
+    r = simulate(chat[:12], SimOptions(batch_size=4, policies=("ngram",)))
+    assert r["policies"]["ngram"]["mean_batch"] == 4.0
