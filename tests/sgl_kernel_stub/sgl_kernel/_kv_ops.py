@@ -90,17 +90,9 @@ def copy_all_layer_kv_cache_cpu(
         view[tgt] = view[src]  # advanced indexing gathers a copy first: in-place safe
 
 
-def assign_req_to_token_pool_cpu(
-    req_pool_indices: torch.Tensor,
-    req_to_token: torch.Tensor,
-    start_offset: torch.Tensor,
-    end_offset: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    pool_len: int,
-) -> None:
-    """Scatter ``out_cache_loc`` (packed, request after request) into the pool:
-    ``req_to_token[req_pool_indices[b], start_offset[b]:end_offset[b]] = out_cache_loc[o_b : o_b + len_b]`` with
-    ``o_b`` the sum of the earlier requests' lengths ``end - start``."""
+def _extend_segments(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+    """Check the arguments shared by the assign_* extend ops; yield ``(pool_base, out_offset, length)`` per
+    request with a positive length (``out_cache_loc`` is packed request after request)."""
     for name, t in (
         ("req_pool_indices", req_pool_indices),
         ("start_offset", start_offset),
@@ -121,7 +113,23 @@ def assign_req_to_token_pool_cpu(
     for rp, s, n, o in zip(req_pool_indices.tolist(), starts.tolist(), lens.tolist(), outs.tolist()):
         if n > 0:
             base = rp * pool_len + s
-            flat[base : base + n] = out_cache_loc[o : o + n].to(flat.dtype)
+            yield base, o, n
+
+
+def assign_req_to_token_pool_cpu(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    pool_len: int,
+) -> None:
+    """Scatter ``out_cache_loc`` (packed, request after request) into the pool:
+    ``req_to_token[req_pool_indices[b], start_offset[b]:end_offset[b]] = out_cache_loc[o_b : o_b + len_b]`` with
+    ``o_b`` the sum of the earlier requests' lengths ``end - start``."""
+    flat = req_to_token.view(-1)
+    for base, o, n in _extend_segments(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+        flat[base : base + n] = out_cache_loc[o : o + n].to(flat.dtype)
 
 
 def assign_extend_cache_locs_cpu(
@@ -134,27 +142,9 @@ def assign_extend_cache_locs_cpu(
 ) -> None:
     """Gather pool slots into ``out_cache_loc`` (packed, request after request):
     ``out_cache_loc[o_b : o_b + len_b] = req_to_token[req_pool_indices[b], start_offset[b]:end_offset[b]]``."""
-    for name, t in (
-        ("req_pool_indices", req_pool_indices),
-        ("start_offset", start_offset),
-        ("end_offset", end_offset),
-        ("out_cache_loc", out_cache_loc),
-    ):
-        _check_index_1d(name, t)
-    _check_pool(req_to_token, pool_len)
-    bs = req_pool_indices.numel()
-    _require(
-        start_offset.numel() >= bs and end_offset.numel() >= bs,
-        f"start_offset/end_offset must hold at least {bs} entries",
-    )
-    starts = start_offset[:bs].to(torch.int64)
-    lens = end_offset[:bs].to(torch.int64) - starts
-    outs = _exclusive_cumsum(lens)  # like the kernel: raw (even negative) lengths shift later requests
     flat = req_to_token.view(-1)
-    for rp, s, n, o in zip(req_pool_indices.tolist(), starts.tolist(), lens.tolist(), outs.tolist()):
-        if n > 0:
-            base = rp * pool_len + s
-            out_cache_loc[o : o + n] = flat[base : base + n].to(out_cache_loc.dtype)
+    for base, o, n in _extend_segments(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+        out_cache_loc[o : o + n] = flat[base : base + n].to(out_cache_loc.dtype)
 
 
 def assign_draft_cache_locs_contiguous_cpu(
