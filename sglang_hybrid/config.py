@@ -21,6 +21,7 @@ ENV_CONFIG_FILE = "SGLANG_HYBRID_CONFIG"
 # Environment variables with the prefix that are not options.
 _NOT_OPTIONS = {ENV_CONFIG_FILE, "SGLANG_HYBRID_RESOLVED_DRAFT_KIND", "SGLANG_HYBRID_SYNC_GUARD"}
 
+MAX_DRAFT_LIMIT = 64  # longest n-gram chain (the lookup kernels' limit)
 DRAFT_KINDS = ("auto", "eagle", "eagle3", "standalone", "dspark")
 
 
@@ -34,7 +35,7 @@ class HybridConfig:
 
     n_min: int = 2  # shortest suffix an n-gram match may use
     n_max: int = 8  # longest suffix compared
-    max_draft: int = 16  # L_max: n-gram tokens proposed (capped by the verify window)
+    max_draft: int = 0  # L_max: longest n-gram chain; > speculative_num_steps widens the verify window; 0 = fill it
     window: int = 0  # scan window in tokens; 0 = the whole history row
     history_width: int = 0  # tokens kept per request; 0 = the model's context length
     calibration: str = "default"  # path of a calibration JSON, or "default" for the shipped table
@@ -54,8 +55,8 @@ class HybridConfig:
             raise bad("n_min", f"must be >= 1, got {self.n_min}")
         if self.n_max < self.n_min:
             raise bad("n_max", f"must be >= n_min ({self.n_min}), got {self.n_max}")
-        if self.max_draft < 1:
-            raise bad("max_draft", f"must be >= 1, got {self.max_draft}")
+        if not (0 <= self.max_draft <= MAX_DRAFT_LIMIT):
+            raise bad("max_draft", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = fill the verify window), got {self.max_draft}")
         if self.window < 0:
             raise bad("window", f"must be >= 0, got {self.window}")
         if self.history_width < 0:

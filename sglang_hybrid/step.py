@@ -46,13 +46,19 @@ COUNTER_NAMES = (
 class Proposal:
     """Views of preallocated buffers: the merged chain to verify for each request."""
 
-    tokens: torch.Tensor  # [bs, gamma] int32
-    verify_len: torch.Tensor  # [bs] int32, draft tokens to verify (0..gamma)
+    tokens: torch.Tensor  # [bs, width] int32 (width = max(gamma, n-gram chain length))
+    verify_len: torch.Tensor  # [bs] int32, draft tokens to verify (0..width)
     choice: torch.Tensor  # [bs] int32, 1 = n-gram chain
+    survival: torch.Tensor  # [bs, width] float32, the chosen chain's prefix survivals (0 past its length)
 
 
 class HybridStep:
-    """Device state and per-step work of Hybrid Spark for a chain drafter of ``gamma`` tokens."""
+    """Device state and per-step work of Hybrid Spark for a chain drafter of ``gamma`` tokens.
+
+    ``verify_window``: draft tokens the target verifies per request (SGLang's ``speculative_num_draft_tokens``
+    minus the root); defaults to ``gamma``. A wider window lets n-gram chains run past the model chain: the n-gram
+    chain length is ``cfg.max_draft`` (0 = the whole window), capped by the window.
+    """
 
     def __init__(
         self,
@@ -66,15 +72,20 @@ class HybridStep:
         calibration: Optional[CalibrationTable] = None,
         sps_dense: Optional[torch.Tensor] = None,
         max_context_len: Optional[int] = None,
+        verify_window: Optional[int] = None,
     ) -> None:
         cfg.validate()
         self.cfg = cfg
         self.gamma = gamma
+        window = gamma if verify_window is None else int(verify_window)
+        if window < gamma:
+            raise ValueError(f"HybridStep: verify_window ({window}) must be >= gamma ({gamma})")
+        self.verify_window = window
         self.max_bs = max_bs
         self.device = torch.device(device)
-        # v1: the verify window is gamma + 1 wide, so n-gram chains are capped at gamma tokens.
+        # N-gram chains fill the verify window unless max_draft asks for fewer.
         self.ngram_cfg = NgramConfig(
-            n_min=cfg.n_min, n_max=cfg.n_max, max_draft=min(cfg.max_draft, gamma), window=cfg.window
+            n_min=cfg.n_min, n_max=cfg.n_max, max_draft=min(cfg.max_draft or window, window), window=cfg.window
         )
         self.ngram_cfg.validate()
         self.history = TokenHistory(
@@ -90,7 +101,10 @@ class HybridStep:
         self.model_surv = torch.zeros(max_bs, gamma, dtype=torch.float32, device=self.device)
         self.model_tokens = torch.zeros(max_bs, gamma, dtype=torch.int32, device=self.device)
         self.model_cond = torch.full((gamma,), cfg.model_prior, dtype=torch.float32, device=self.device)
-        self.sel = SelectionBuffers(max_bs, max(gamma, L), self.device)
+        self.width = max(gamma, L)  # columns of a proposal; verify lengths are capped by it
+        self.sel = SelectionBuffers(max_bs, self.width, self.device)
+        self.conf = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
+        self.conf_prev = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.sps_dense = sps_dense
         self._budgets: dict[int, torch.Tensor] = {}
         self.counters = torch.zeros(len(COUNTER_NAMES), dtype=torch.int64, device=self.device)
@@ -121,12 +135,18 @@ class HybridStep:
             return None
         b = self._budgets.get(bs)
         if b is None:  # host-known shape only: the fixed verify width
-            b = torch.full((1,), bs * self.gamma, dtype=torch.int32, device=self.device)
+            b = torch.full((1,), bs * self.width, dtype=torch.int32, device=self.device)
             self._budgets[bs] = b
         return b
 
-    def propose(self, slots: torch.Tensor, model_tokens: torch.Tensor) -> Proposal:
-        """Choose, per request, the model chain ``model_tokens [bs, gamma]`` or the n-gram chain."""
+    def propose(self, slots: torch.Tensor, model_tokens: torch.Tensor,
+                model_confidence: Optional[torch.Tensor] = None) -> Proposal:
+        """Choose, per request, the model chain ``model_tokens [bs, gamma]`` or the n-gram chain.
+
+        ``model_confidence [bs, gamma]``: the drafter's per-token conditional acceptance estimates when it has
+        them (DSpark's confidence head); without them (EAGLE-family chains report a constant 1.0) the online
+        per-position estimate is used.
+        """
         bs = model_tokens.shape[0]
         with sync_guard(self._guard):
             draft = self.history.lookup(slots, self.ngram_cfg)
@@ -134,7 +154,9 @@ class HybridStep:
             self.calib_dev.apply(draft, model_tokens, q, ngram_surv)
             ngram_len = draft.length
             model_surv = self.model_surv[:bs]
-            if self.cfg.enable_model:
+            if self.cfg.enable_model and model_confidence is not None:
+                torch.cumprod(model_confidence.to(torch.float32).clamp(0.0, 1.0), 1, out=model_surv)
+            elif self.cfg.enable_model:
                 model_surv.copy_(torch.cumprod(self.model_cond, 0).expand(bs, -1))
             else:
                 model_surv.zero_()
@@ -146,10 +168,27 @@ class HybridStep:
             select_chains(
                 mt, model_surv, draft.tokens, ngram_surv, ngram_len,
                 self._budget(bs), self.sps_dense, out,
-                num_iters=self.cfg.num_iters, max_verify_len=self.gamma,
+                num_iters=self.cfg.num_iters, max_verify_len=self.width,
             )
             self.price.copy_(out.price)
-            return Proposal(tokens=out.tokens[:, : self.gamma], verify_len=out.verify_len, choice=out.choice)
+            return Proposal(tokens=out.tokens[:, : self.width], verify_len=out.verify_len, choice=out.choice,
+                            survival=out.survival[:, : self.width])
+
+    def conditional_confidence(self, proposal: Proposal) -> torch.Tensor:
+        """The chosen chains as per-token conditional acceptance ``[bs, width]`` (DSpark's ``confidence``).
+
+        ``c_j = S_j / S_{j-1}`` (``S_0 = 1``), 0 past a chain's length, so ``cumprod(c) == proposal.survival``
+        up to rounding: what a DSpark-style planner takes to set budgets and verify lengths.
+        """
+        s = proposal.survival
+        bs = s.shape[0]
+        with sync_guard(self._guard):
+            out = self.conf[:bs]
+            prev = self.conf_prev[:bs]
+            prev[:, :1].fill_(1.0)
+            prev[:, 1:].copy_(s[:, :-1])
+            torch.div(s, prev.clamp_(min=1e-12), out=out)
+            return out.clamp_(0.0, 1.0)
 
     def record(self, slots: torch.Tensor, proposal: Proposal, committed: torch.Tensor,
                accept_lens: torch.Tensor) -> None:

@@ -9,7 +9,7 @@ from sglang_hybrid.config import HybridConfig, HybridConfigError
 
 def test_defaults_are_valid():
     cfg = HybridConfig.from_env({})
-    assert (cfg.n_min, cfg.n_max, cfg.max_draft) == (2, 8, 16)
+    assert (cfg.n_min, cfg.n_max, cfg.max_draft) == (2, 8, 0)  # max_draft 0: fill the verify window
     assert cfg.enable_ngram and cfg.enable_model
 
 
@@ -26,7 +26,8 @@ def test_env_overrides_file(tmp_path):
         ({"SGLANG_HYBRID_NMIN": "2"}, "unknown sglang-hybrid option 'nmin'"),
         ({"SGLANG_HYBRID_N_MIN": "two"}, "'n_min'"),
         ({"SGLANG_HYBRID_N_MIN": "5", "SGLANG_HYBRID_N_MAX": "3"}, "'n_max'"),
-        ({"SGLANG_HYBRID_MAX_DRAFT": "0"}, "'max_draft'"),
+        ({"SGLANG_HYBRID_MAX_DRAFT": "-1"}, "'max_draft'"),
+        ({"SGLANG_HYBRID_MAX_DRAFT": "65"}, "'max_draft'"),
         ({"SGLANG_HYBRID_ENABLE_NGRAM": "maybe"}, "'enable_ngram'"),
         ({"SGLANG_HYBRID_ENABLE_NGRAM": "0", "SGLANG_HYBRID_ENABLE_MODEL": "false"}, "both be false"),
         ({"SGLANG_HYBRID_DRAFT_KIND": "medusa"}, "'draft_kind'"),

@@ -84,14 +84,31 @@ def test_registers_and_resolves_chain_defaults(model_dirs):
          "--speculative-eagle-topk must be 1"),
         ([], {"SGLANG_HYBRID_N_MIN": "9"}, "'n_max'"),
         ([], {"SGLANG_HYBRID_BOGUS": "1"}, "unknown sglang-hybrid option 'bogus'"),
-        (["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6"], {},
-         "--speculative-num-draft-tokens must equal"),
+        (["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"], {},
+         "--speculative-num-draft-tokens (the verify window, root included) must be >= --speculative-num-steps + 1"),
+        (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"], {"SGLANG_HYBRID_MAX_DRAFT": "8"},
+         "'max_draft' (8) does not fit the verify window"),
     ],
 )
 def test_bad_configuration_fails_at_startup_with_a_clear_error(model_dirs, args, env, needle):
     res, out = _run(_base(model_dirs) + args, env)
     assert res is None
     assert needle in out, out[-2000:]
+
+
+@pytest.mark.parametrize(
+    "args, env, window",
+    [
+        (["--speculative-num-steps", "3"], {"SGLANG_HYBRID_MAX_DRAFT": "8"}, 9),  # max_draft widens the window
+        (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "7"], {}, 7),  # SGLang's flag wins
+        (["--speculative-num-steps", "5"], {"SGLANG_HYBRID_MAX_DRAFT": "2"}, 6),  # never narrower than steps + 1
+    ],
+)
+def test_verify_window_widens_for_long_ngram_chains(model_dirs, args, env, window):
+    res, out = _run(_base(model_dirs) + args, env)
+    assert res is not None, out[-2000:]
+    assert res["speculative_eagle_topk"] == 1 and res["speculative_num_draft_tokens"] == window
+    assert f"verify window {window}" in out
 
 
 def test_draft_kind_is_detected_from_the_draft_config(model_dirs):

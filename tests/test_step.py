@@ -82,3 +82,72 @@ def test_decode_step_makes_no_host_sync(monkeypatch):
     with pytest.raises(HostSyncError):
         with sync_guard(True):
             torch.ones(1).item()
+
+
+def _wide_step(window, **cfg):
+    return HybridStep(HybridConfig(**cfg), num_slots=8, width=256, gamma=GAMMA, max_bs=4, device="cpu",
+                      verify_window=window)
+
+
+def test_wide_verify_window_lets_ngram_chains_run_past_the_model_chain():
+    step = _wide_step(10, model_prior=0.3)
+    assert step.width == 10 and step.ngram_cfg.max_draft == 10
+    slots = torch.tensor([3, 5])
+    copy = list(range(10, 30))
+    _prefill(step, slots, [copy + [50, 51] + copy[:4], list(range(100, 116))])
+    model = torch.tensor([[90, 91, 92, 93], [94, 95, 96, 97]], dtype=torch.int32)
+    prop = step.propose(slots, model)
+    assert prop.tokens.shape == (2, 10)
+    assert prop.choice.tolist() == [1, 0]
+    assert prop.tokens[0].tolist() == copy[4:14]  # ten tokens: longer than the 4-token model chain
+    assert int(prop.verify_len[0]) > GAMMA
+    # The model chain never verifies past its own gamma tokens, whatever the window.
+    assert prop.tokens[1, :GAMMA].tolist() == model[1].tolist() and 1 <= int(prop.verify_len[1]) <= GAMMA
+    committed = torch.zeros(2, 11, dtype=torch.int32)
+    committed[0, :8] = torch.tensor(copy[4:11] + [7])
+    committed[1, :3] = torch.tensor([94, 95, 1])
+    step.record(slots, prop, committed, torch.tensor([8, 3], dtype=torch.int32))
+    m = step.metrics()
+    assert m["accepted_ngram"] == 7 and m["accepted_model"] == 2
+
+
+def test_max_draft_below_the_window_caps_the_ngram_chain():
+    step = _wide_step(10, max_draft=6)
+    assert step.ngram_cfg.max_draft == 6 and step.width == 6
+    with pytest.raises(ValueError, match="verify_window"):
+        _wide_step(GAMMA - 1)
+
+
+def test_dspark_shaped_merge_feeds_sglangs_dspark_planner():
+    """DSpark hands over draft tokens [bs, gamma] (int64) and confidence-head estimates [bs, gamma]; the merge
+    returns the chosen chains and their per-token confidence, which SGLang's DSpark planner then allocates."""
+    from sglang.kernels.ops.speculative.dspark.dspark_schedule import schedule_verify_lens_topk_from_survival
+    from sglang.srt.speculative.dspark_components.dspark_planner import DSparkScheduleConfig
+
+    step = _wide_step(8)
+    slots = torch.tensor([0, 1, 2])
+    copy = list(range(40, 60))
+    _prefill(step, slots, [copy + [1, 2] + copy[:5], list(range(100, 112)), list(range(200, 214))])
+    model = torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]], dtype=torch.int64)
+    conf = torch.tensor([[0.3, 0.2, 0.2, 0.2], [0.9, 0.8, 0.7, 0.6], [0.5, 0.5, 0.4, 0.3]])
+    prop = step.propose(slots, model, model_confidence=conf)
+    assert prop.choice.tolist() == [1, 0, 0]  # a long calibrated copy beats a weak model chain; no match elsewhere
+    assert prop.tokens[0].tolist() == copy[5:13]
+    merged = step.conditional_confidence(prop)
+    assert merged.shape == (3, 8)
+    # Model rows keep the drafter's own tokens and confidence; nothing past its gamma tokens.
+    assert prop.tokens[1:, :GAMMA].tolist() == model[1:].tolist()
+    assert torch.allclose(merged[1:, :GAMMA], conf[1:], atol=1e-6) and float(merged[1:, GAMMA:].abs().sum()) == 0
+    # The n-gram row carries the calibrated survivals, as conditionals.
+    assert torch.allclose(torch.cumprod(merged[0], 0), prop.survival[0], atol=1e-6)
+    assert float(prop.survival[0, 5]) > float(torch.cumprod(conf[0], 0)[-1])
+    # SGLang's own DSpark allocation on the merged survivals: the copy gets the longest verify.
+    lens = schedule_verify_lens_topk_from_survival(
+        survival_probs=torch.cumprod(merged, 1), budget=12, cfg=DSparkScheduleConfig(gamma=8))
+    assert int(lens[0]) == int(lens.max()) and int(lens[0]) > GAMMA + 1
+    # Without an n-gram match anywhere the merge is the identity on DSpark's inputs.
+    only_model = _wide_step(8, enable_ngram=False)
+    _prefill(only_model, slots, [copy + [1, 2] + copy[:5], list(range(100, 112)), list(range(200, 214))])
+    p2 = only_model.propose(slots, model, model_confidence=conf)
+    assert p2.choice.tolist() == [0, 0, 0]
+    assert torch.allclose(only_model.conditional_confidence(p2)[:, :GAMMA], conf, atol=1e-6)

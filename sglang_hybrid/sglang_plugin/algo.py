@@ -84,13 +84,34 @@ def validate_and_resolve(args: Any, cfg: HybridConfig) -> str:
     if getattr(args, "enable_multi_layer_eagle", False):
         raise HybridConfigError(f"{ALGO_NAME} does not support --enable-multi-layer-eagle")
     steps = getattr(args, "speculative_num_steps", None)
+    steps = DEFAULT_NUM_STEPS if steps is None else steps
     n_tokens = getattr(args, "speculative_num_draft_tokens", None)
-    if steps is not None and n_tokens is not None and n_tokens != steps + 1:
+    if steps < 1:
+        raise HybridConfigError(f"{ALGO_NAME}: --speculative-num-steps must be >= 1, got {steps}")
+    if n_tokens is not None and n_tokens < steps + 1:
         raise HybridConfigError(
-            f"{ALGO_NAME} verifies chains: --speculative-num-draft-tokens must equal --speculative-num-steps + 1 "
-            f"({steps + 1}), got {n_tokens}"
+            f"{ALGO_NAME} verifies chains: --speculative-num-draft-tokens (the verify window, root included) must be "
+            f">= --speculative-num-steps + 1 ({steps + 1}), got {n_tokens}"
+        )
+    if n_tokens is not None and cfg.max_draft > n_tokens - 1:
+        raise HybridConfigError(
+            f"sglang-hybrid option 'max_draft' ({cfg.max_draft}) does not fit the verify window "
+            f"--speculative-num-draft-tokens {n_tokens} (at most {n_tokens - 1} draft tokens); raise the flag or "
+            "leave one of the two unset"
         )
     return kind
+
+
+def verify_window(steps: int, n_tokens: Optional[int], cfg: HybridConfig) -> int:
+    """The verify window (``--speculative-num-draft-tokens``, root included) for a validated configuration.
+
+    The flag wins when given; else ``max(steps, max_draft) + 1``, so ``max_draft`` larger than the model chain
+    widens the window for long n-gram copies (see ``wide_chain.py``), and the default (``max_draft = 0``) keeps
+    SGLang's ``steps + 1``.
+    """
+    if n_tokens is not None:
+        return int(n_tokens)
+    return max(steps, cfg.max_draft) + 1
 
 
 class HybridSparkAlgo(CustomSpecAlgo):
@@ -156,11 +177,14 @@ class HybridSparkAlgo(CustomSpecAlgo):
             steps = DEFAULT_NUM_STEPS
             server_args.speculative_num_steps = steps
         server_args.speculative_eagle_topk = 1
-        server_args.speculative_num_draft_tokens = steps + 1
+        server_args.speculative_num_draft_tokens = verify_window(steps, server_args.speculative_num_draft_tokens, cfg)
         if server_args.max_running_requests is None:
             server_args.max_running_requests = 48
         server_args.enable_mixed_chunk = False
-        logger.info("%s: %s draft model, %d draft steps, options %s", ALGO_NAME, kind, steps, cfg.to_dict())
+        logger.info(
+            "%s: %s draft model, %d draft steps, verify window %d, options %s",
+            ALGO_NAME, kind, steps, server_args.speculative_num_draft_tokens, cfg.to_dict(),
+        )
 
 
 def worker_factory(server_args) -> type:

@@ -69,6 +69,14 @@ HOST_ATTRS: tuple[HostAttr, ...] = (
              "HYBRID_SPARK sizes its token-history table by the request pool"),
     HostAttr("sglang.srt.speculative.standalone_worker_v2:StandaloneWorkerV2.__init__",
              ("self", "server_args", "gpu_id", "nccl_port", "target_worker")),
+    # Verify windows wider than the model chain (wide_chain.py): two AROUND hooks through SGLang's HookRegistry.
+    HostAttr("sglang.srt.speculative.base_spec_worker:EagleDraftWorkerBase._rebuild_topk1_chain_buffers", ("self",),
+             "builds the draft chain's buffers for steps tokens when the verify window is wider"),
+    HostAttr("sglang.srt.speculative.eagle_worker_common:build_eagle_verify_input",
+             ("batch", "draft_input", "parent_list", "top_scores_index", "draft_tokens", "draft_probs",
+              "target_worker", "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"),
+             "pads the model chain to the widened verify window"),
+    HostAttr("sglang.srt.plugins.hook_registry:HookRegistry.register", ("cls", "target", "hook", "hook_type")),
     # Fields of the verify input we rewrite (dataclass fields; existence checked on the class annotations).
     HostAttr("sglang.srt.speculative.eagle_info:EagleVerifyInput.__dataclass_fields__"),
     # Runtime config bags read by the worker.

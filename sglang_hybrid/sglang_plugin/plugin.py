@@ -32,6 +32,9 @@ def register() -> bool:
             "; ".join(problems),
         )
         return False
+    from .wide_chain import apply_wide_chain_hooks
+
+    apply_wide_chain_hooks()
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 

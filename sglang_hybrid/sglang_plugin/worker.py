@@ -10,7 +10,8 @@ Two methods of the host worker are wrapped (both declared in ``hooks.py``):
 * ``verify``: between the draft and the target verify, the n-gram lookup, calibration and price-based
   selection replace each request's draft chain by the chosen chain (same chain topology, so the tree mask,
   positions and KV plan are untouched) and cap its verify length by unlinking ``retrieve_next_token`` past
-  it; SGLang's own greedy / sampling verification then accepts a prefix, so output is unchanged at
+  it. When the verify window is wider than the model chain (``wide_chain.py``), the model chain fills its
+  first ``gamma`` columns and an n-gram chain may use all of them; SGLang's own greedy / sampling verification then accepts a prefix, so output is unchanged at
   temperature 0 and the target distribution is kept when sampling (the drafts are deterministic). After
   verify, the committed tokens are appended to the history and the statistics updated, all on the device.
 
@@ -72,19 +73,24 @@ class HybridMixin:
         context_len = int(self.target_worker.model_runner.model_config.context_len)
         width = cfg.history_width or context_len
         gamma = int(self.speculative_num_steps)
+        window = int(self.speculative_num_draft_tokens) - 1  # > gamma: widened for long n-gram chains
         max_bs = num_slots
-        sps = _load_sps_dense(get_spec().speculative_dspark_sps_table_path, max_bs * (gamma + 1) + 1, self.device)
+        sps = _load_sps_dense(get_spec().speculative_dspark_sps_table_path, max_bs * (window + 1) + 1, self.device)
         self.hybrid = HybridStep(
             cfg, num_slots=num_slots, width=width, gamma=gamma, max_bs=max_bs, device=self.device,
-            calibration=self._hybrid_calib, sps_dense=sps, max_context_len=context_len,
+            calibration=self._hybrid_calib, sps_dense=sps, max_context_len=context_len, verify_window=window,
         )
-        self._hybrid_cols = torch.arange(gamma + 1, dtype=torch.int32, device=self.device).view(1, -1)
+        if window > gamma:
+            from .wide_chain import reserve
+
+            reserve(self.device, window, max_bs)
+        self._hybrid_cols = torch.arange(window + 1, dtype=torch.int32, device=self.device).view(1, -1)
         from .observability import install
 
         install(self.hybrid)
         logger.info(
-            "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, n-gram %s, budget from %s",
-            num_slots, width, gamma, self.hybrid.ngram_cfg, "SPS table" if sps is not None else "verify width",
+            "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, verify window %d, n-gram %s, budget from %s",
+            num_slots, width, gamma, window, self.hybrid.ngram_cfg, "SPS table" if sps is not None else "verify width",
         )
 
     # -- prefill ---------------------------------------------------------------------------------------
@@ -112,14 +118,15 @@ class HybridMixin:
     # -- decode ------------------------------------------------------------------------------------------
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         vi = batch.spec_info
-        active = not batch.forward_mode.is_idle() and vi.topk == 1 and vi.draft_token_num == self.hybrid.gamma + 1
+        hy = self.hybrid
+        active = not batch.forward_mode.is_idle() and vi.topk == 1 and vi.draft_token_num == hy.verify_window + 1
         proposal = None
         if active:
             bs = batch.req_pool_indices.shape[0]
             n = vi.draft_token_num
             tokens = vi.draft_token.view(bs, n)
-            proposal = self.hybrid.propose(batch.req_pool_indices, tokens[:, 1:])
-            tokens[:, 1:].copy_(proposal.tokens.to(tokens.dtype))
+            proposal = hy.propose(batch.req_pool_indices, tokens[:, 1 : 1 + hy.gamma])
+            tokens[:, 1 : 1 + hy.width].copy_(proposal.tokens)
             # Cap each request's acceptance at its verify length: unlink the chain after node verify_len.
             vi.retrieve_next_token.masked_fill_(self._hybrid_cols >= proposal.verify_len.view(-1, 1), -1)
         out = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)

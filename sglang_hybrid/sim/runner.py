@@ -40,7 +40,7 @@ class SimOptions:
     trace: Optional[str] = None
     n_min: int = HybridConfig.n_min
     n_max: int = HybridConfig.n_max
-    max_draft: Optional[int] = None  # hybrid n-gram chain length; None = min(HybridConfig.max_draft, gamma)
+    max_draft: Optional[int] = None  # hybrid n-gram chain length; None = gamma (HybridConfig's default window)
     window: int = HybridConfig.window
     num_iters: int = HybridConfig.num_iters
     enable_ngram: bool = True
@@ -70,7 +70,9 @@ class SimOptions:
 
     @property
     def hybrid_max_draft(self) -> int:
-        return self.max_draft if self.max_draft is not None else min(HybridConfig.max_draft, self.gamma)
+        if self.max_draft is not None:
+            return self.max_draft
+        return min(HybridConfig.max_draft, self.gamma) if HybridConfig.max_draft else self.gamma
 
 
 def load_sps(path: Optional[str]) -> SpsTable:

@@ -141,7 +141,18 @@ register_config(
     )
 )
 
-LOSSLESS_SPEC_CONFIGS: List[str] = ["standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3"]
+# A verify window wider than the model chain: 2 draft steps, n-gram chains of up to 7 tokens (window 8).
+register_config(
+    EngineConfig(
+        "hybrid_spark_wide", algorithm="HYBRID_SPARK", draft="standalone",
+        engine_kwargs=(("speculative_num_steps", 2), ("speculative_num_draft_tokens", None)),
+        env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7")),
+    )
+)
+
+LOSSLESS_SPEC_CONFIGS: List[str] = [
+    "standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3", "hybrid_spark_wide",
+]
 """Speculative configurations ``tests/e2e/test_spec_e2e.py`` checks for losslessness (append to add more)."""
 
 

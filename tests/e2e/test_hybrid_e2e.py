@@ -33,7 +33,7 @@ def _repeating_prompts(prompts: List[List[int]], reference: List[List[int]]) -> 
     return [i for i, (p, r) in enumerate(zip(prompts, reference)) if _repeats(list(p) + list(r[:MAX_NEW]))]
 
 
-@pytest.mark.parametrize("config", ["hybrid_spark_standalone", "hybrid_spark_ngram_only"])
+@pytest.mark.parametrize("config", ["hybrid_spark_standalone", "hybrid_spark_ngram_only", "hybrid_spark_wide"])
 def test_ngram_chain_is_chosen_on_repeats_and_accepts_several_tokens(engine_pool, prompts, hf_reference, config):
     rows = _repeating_prompts(prompts, hf_reference)
     assert len(rows) >= 2, "the tiny target should repeat itself on some prompts"
@@ -51,3 +51,9 @@ def test_ngram_chain_is_chosen_on_repeats_and_accepts_several_tokens(engine_pool
     server = engine.server_info()["internal_states"][0]["hybrid_spark"]
     assert server["ngram_chosen"] >= ngram_steps and server["accepted_ngram"] >= accepted
     assert 0.0 <= server["ngram_win_rate"] <= 1.0 and server["mean_accept_length"] >= 1.0
+    if config == "hybrid_spark_wide":
+        # 2 model draft steps, a verify window of 8: n-gram steps accepting more than 2 drafts on average
+        # means some n-gram chain was verified and accepted past the model chain's length.
+        steps = 2
+        assert accepted / ngram_steps > steps, per_req
+        assert server["proposed_ngram"] > steps * server["ngram_chosen"], server
