@@ -104,3 +104,57 @@ def test_cli_model_source_with_a_tiny_llama(tmp_path, capsys):
     assert t.trials.sum() > 0
     obj = json.loads(out.read_text())
     assert [f["name"] for f in obj["features"]][-1] == "agree"
+
+
+def _requests_file(tmp_path, n=24):
+    """Edit-like served requests: the output copies most of the prompt's code with a change in the middle."""
+    rng = np.random.default_rng(3)
+    lines = [f"    value_{i} = compute(item_{i}, scale={i % 7})" for i in range(60)]
+    recs = []
+    for k in range(n):
+        old = "\n".join(lines[k: k + 30])
+        cut = int(rng.integers(5, 25))
+        new = "\n".join(lines[k: k + cut] + [f"    extra_{k} = None"] + lines[k + cut: k + 30])
+        recs.append({"id": f"r{k}", "kind": "code-edit", "prompt": f"Edit this:\n{old}\n", "output": new})
+    f = tmp_path / "requests.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return f
+
+
+def test_request_documents_keep_their_prompt_output_split(tmp_path):
+    from sglang_hybrid.calibration.corpus import request_documents
+    from sglang_hybrid.calibration.sources import request_token_docs
+    from sglang_hybrid.tokenizer import load_tokenizer
+
+    docs = request_documents(_requests_file(tmp_path, n=3))
+    assert [d.name for d in docs] == ["requests.jsonl:r0", "requests.jsonl:r1", "requests.jsonl:r2"]
+    tok = load_tokenizer()
+    seqs, plens = request_token_docs(docs, tok)
+    for d, s, p in zip(docs, seqs, plens):
+        assert s[:p].tolist() == tok.encode(d.prompt, add_special_tokens=False).ids
+        assert s[p:].tolist() == tok.encode(d.text, add_special_tokens=False).ids
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "output": "b"}\n{"prompt": "a"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: a request needs string fields"):
+        request_documents(bad)
+    bad.write_text('{"prompt": "a", "output": "b"}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not JSON"):
+        request_documents(bad)
+
+
+def test_cli_fits_on_served_requests_mixed_with_text(tmp_path, capsys):
+    reqs = _requests_file(tmp_path)
+    corpus = _small_corpus(tmp_path)
+    base = ["--seed", "1", "--max-doc-tokens", "1024", "--heldout-frac", "0.3"]
+    assert main(["--corpus", str(corpus)] + base + ["--out", str(tmp_path / "text.json")]) == 0
+    assert main(["--corpus", str(corpus), str(reqs)] + base + ["--out", str(tmp_path / "mixed.json")]) == 0
+    capsys.readouterr()
+    text = CalibrationTable.load(tmp_path / "text.json", NgramConfig())
+    mixed = CalibrationTable.load(tmp_path / "mixed.json", NgramConfig())
+    assert mixed.fit["corpus_requests"] == 24 and text.fit["corpus_requests"] == 0
+    # The requests copy their prompts: in-prompt matches are predicted to survive longer once they are seen.
+    assert mixed.fit["tokens"] > text.fit["tokens"]
+    assert float(mixed.q[..., 1].mean()) > float(text.q[..., 1].mean())
+    assert main(["--source", "model", "--model", str(tmp_path), "--corpus", str(reqs),
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "use them with --source text" in capsys.readouterr().err

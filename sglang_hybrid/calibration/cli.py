@@ -5,6 +5,9 @@ Examples::
     # the shipped default (source "text itself" on Python's stdlib, default tokenizer, NgramConfig(2, 8, 16)):
     hybrid-spark calibrate --source text --corpus stdlib --out sglang_hybrid/data/calibration/default.json
 
+    # served requests (a request log, or hybrid-spark workloads files) mixed with the stdlib:
+    hybrid-spark calibrate --source text --corpus stdlib requests.jsonl --out my_table.json
+
     # a deployment's own target model (its greedy continuations of prompts taken from a corpus):
     hybrid-spark calibrate --source model --model /models/target --corpus my_prompts/ --device cuda \\
         --out my_table.json --plot my_table.png
@@ -31,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--source", choices=("text", "model"), default="text",
                     help="'text': the corpus text itself plays the target; 'model': a causal LM's greedy continuations")
     ap.add_argument("--corpus", nargs="+", default=["stdlib"], metavar="stdlib|PATH",
-                    help="'stdlib' (this interpreter's standard library: code and prose) or files/directories")
+                    help="'stdlib' (this interpreter's standard library: code and prose), files/directories of text, "
+                         "or .jsonl files of served requests ({\"prompt\", \"output\"} a line); mix freely")
     ap.add_argument("--model", help="source 'model': a local Hugging Face causal LM directory (the target)")
     ap.add_argument("--draft-model",
                     help="optional local causal LM playing the model drafter: adds the 'agree' feature")
@@ -73,10 +77,12 @@ def collect_samples(args: argparse.Namespace) -> tuple[Any, int, dict[str, Any]]
     """Corpus -> token sequences -> replayed samples. Returns ``(samples, num_sequences, fit_meta)``."""
     from sglang_hybrid.tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer, tokenizer_digest
 
+    import numpy as np
+
     from .corpus import corpus_digest, path_documents, stdlib_documents
     from .samples import samples_from_docs, samples_via_history
-    from .sources import (draft_first_tokens, load_causal_lm, model_token_docs, select_documents, text_token_docs,
-                          tokenize_documents)
+    from .sources import (draft_first_tokens, load_causal_lm, model_token_docs, request_token_docs,
+                          select_documents, text_token_docs, tokenize_documents)
 
     tok_path = args.tokenizer
     if tok_path is None and args.source == "model" and (Path(args.model) / "tokenizer.json").is_file():
@@ -84,23 +90,30 @@ def collect_samples(args: argparse.Namespace) -> tuple[Any, int, dict[str, Any]]
     tokenizer = load_tokenizer(tok_path)
     is_default_tok = tok_path is None or Path(tok_path).resolve() in (DEFAULT_TOKENIZER_PATH,
                                                                       DEFAULT_TOKENIZER_PATH.parent)
+    docs = []
+    for entry in args.corpus:
+        docs.extend(stdlib_documents() if entry == "stdlib" else path_documents([entry]))
     if args.corpus == ["stdlib"]:
-        docs = stdlib_documents()
         corpus_name = f"stdlib (CPython {platform.python_version()}: code + docstrings + reference topics)"
     else:
-        docs = path_documents(args.corpus)
-        corpus_name = " ".join(args.corpus)
+        corpus_name = " ".join(f"stdlib (CPython {platform.python_version()})" if c == "stdlib" else c
+                               for c in args.corpus)
     if not docs:
         raise ValueError(f"corpus {args.corpus} holds no documents")
     digest = corpus_digest(docs)
     docs = select_documents(docs, args.max_docs, args.seed)
-    token_docs = tokenize_documents(docs, tokenizer)
+    requests = [d for d in docs if d.prompt is not None]
+    docs = [d for d in docs if d.prompt is None]
+    if requests and args.source != "text":
+        raise ValueError("served requests (.jsonl) already hold their outputs: use them with --source text")
+    token_docs = tokenize_documents(docs, tokenizer) if docs else []
     meta: dict[str, Any] = {
         "source": args.source,
         "target": "text itself" if args.source == "text" else f"greedy continuations of {Path(args.model).name}",
         "corpus": corpus_name,
         "corpus_digest": digest,
         "corpus_documents": len(docs),
+        "corpus_requests": len(requests),
         "tokenizer": "sglang_hybrid default (data/tokenizer/tokenizer.json)" if is_default_tok else str(tok_path),
         "tokenizer_digest": tokenizer_digest(tok_path),
         "ngram": {"n_min": args.n_min, "n_max": args.n_max, "max_draft": args.max_draft, "window": args.window},
@@ -109,6 +122,10 @@ def collect_samples(args: argparse.Namespace) -> tuple[Any, int, dict[str, Any]]
     if args.source == "text":
         seqs, plens = text_token_docs(token_docs, seed=args.seed, max_doc_tokens=args.max_doc_tokens)
         meta["split"] = {"max_doc_tokens": args.max_doc_tokens, "prompt_frac": [0.2, 0.8]}
+        if requests:  # served requests keep their real prompt / output split, whole
+            rseqs, rplens = request_token_docs(requests, tokenizer)
+            seqs, plens = seqs + rseqs, np.concatenate([plens, rplens]).astype(np.int64)
+            meta["split"]["requests"] = "prompt / output as served, not chunked"
     else:
         model = load_causal_lm(args.model, args.device)
         seqs, plens = model_token_docs(model, token_docs, prompt_tokens=args.prompt_tokens,

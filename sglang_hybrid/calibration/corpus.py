@@ -12,6 +12,10 @@ The stdlib corpus (``stdlib_documents``) has two kinds of document:
 * ``prose``: the docstrings of each module joined in source order, every page of the reference documentation
   that ships as ``pydoc_data/topics.py`` (one document per topic), and any ``.txt``/``.rst`` file outside the
   excluded folders.
+
+Served requests (``request_documents``, any ``.jsonl`` file named in a corpus): one JSON object a line with
+string fields ``prompt`` and ``output`` (optional ``id`` and ``kind``), the format of a server's request log and
+of ``hybrid-spark workloads``. The prompt is the history the drafter searches, the output the text it drafts.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
 import os
 import sysconfig
 import tokenize
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-__all__ = ["Document", "stdlib_root", "stdlib_documents", "path_documents", "corpus_digest"]
+__all__ = ["Document", "stdlib_root", "stdlib_documents", "path_documents", "request_documents", "corpus_digest"]
 
 _EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "encodings"}
 _PROSE_SUFFIXES = {".txt", ".rst", ".md"}
@@ -42,6 +47,7 @@ class Document:
     name: str
     kind: str
     text: str
+    prompt: str | None = None  # a served request: the prompt, whose output is ``text``
 
 
 def stdlib_root() -> Path:
@@ -163,6 +169,8 @@ def path_documents(paths: Sequence[str | os.PathLike]) -> list[Document]:
                 if text and text.strip():
                     kind = "code" if f.suffix == ".py" else "prose"
                     docs.append(Document(f"{path.name}/{f.relative_to(path).as_posix()}", kind, text))
+        elif path.is_file() and path.suffix == ".jsonl":
+            docs.extend(request_documents(path))
         elif path.is_file():
             text = _read_python(path) if path.suffix == ".py" else None
             if text is None:
@@ -173,11 +181,32 @@ def path_documents(paths: Sequence[str | os.PathLike]) -> list[Document]:
     return docs
 
 
+def request_documents(path: str | os.PathLike) -> list[Document]:
+    """The served requests of a JSONL file (see the module doc); a bad line raises ``ValueError`` naming it."""
+    path = Path(path)
+    docs: list[Document] = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+            if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("prompt", "output")):
+                raise ValueError(f"{path}:{n}: a request needs string fields 'prompt' and 'output'")
+            name = f"{path.name}:{rec.get('id', n)}"
+            docs.append(Document(name, str(rec.get("kind", "request")), rec["output"], rec["prompt"]))
+    if not docs:
+        raise ValueError(f"{path}: no requests")
+    return docs
+
+
 def corpus_digest(docs: Iterable[Document]) -> str:
-    """SHA-256 over the documents' names, kinds and texts, in order (hex, first 16 digits)."""
+    """SHA-256 over the documents' names, kinds, texts (and prompts, for requests), in order (hex, 16 digits)."""
     h = hashlib.sha256()
     for d in docs:
-        for part in (d.name, d.kind, d.text):
+        for part in (d.name, d.kind, d.text) + (() if d.prompt is None else (d.prompt,)):
             b = part.encode("utf-8", errors="surrogatepass")
             h.update(len(b).to_bytes(8, "little"))
             h.update(b)

@@ -6,6 +6,8 @@
 * ``model_token_docs``: source (b), a Hugging Face causal LM's own greedy continuations: the first
   ``prompt_tokens`` of each corpus document are the prompt, the model's greedy continuation (up to
   ``max_new_tokens``, cut at EOS) is the text that the n-gram drafts are scored against.
+* ``request_token_docs``: served requests (``Document.prompt`` set): the prompt's tokens then the output's; the
+  prompt length is the real one, and the output plays the target.
 * ``draft_first_tokens``: a draft model's first-token proposals at every position of each sequence (teacher
   forcing: its argmax next token), giving the optional ``agree`` feature.
 """
@@ -19,8 +21,8 @@ import numpy as np
 
 from .corpus import Document
 
-__all__ = ["select_documents", "tokenize_documents", "text_token_docs", "load_causal_lm", "model_token_docs",
-           "draft_first_tokens"]
+__all__ = ["select_documents", "tokenize_documents", "text_token_docs", "request_token_docs", "load_causal_lm",
+           "model_token_docs", "draft_first_tokens"]
 
 
 def select_documents(docs: Sequence[Document], max_docs: Optional[int], seed: int) -> list[Document]:
@@ -37,6 +39,21 @@ def tokenize_documents(docs: Sequence[Document], tokenizer: Any) -> list[np.ndar
     """Token ids (int64) of each document with a ``tokenizers.Tokenizer`` (no special tokens added)."""
     enc = tokenizer.encode_batch([d.text for d in docs], add_special_tokens=False)
     return [np.asarray(e.ids, dtype=np.int64) for e in enc]
+
+
+def request_token_docs(docs: Sequence[Document], tokenizer: Any) -> tuple[list[np.ndarray], np.ndarray]:
+    """``(sequences, prompt_lens)`` of served requests: prompt tokens then output tokens, tokenized apart."""
+    if any(d.prompt is None for d in docs):
+        raise ValueError("request_token_docs: every document needs a prompt (a served request)")
+    prompts = tokenizer.encode_batch([d.prompt for d in docs], add_special_tokens=False)
+    outputs = tokenizer.encode_batch([d.text for d in docs], add_special_tokens=False)
+    seqs, plens = [], []
+    for p, o in zip(prompts, outputs):
+        if len(p.ids) == 0 or len(o.ids) == 0:
+            continue  # nothing to search or nothing to draft
+        seqs.append(np.asarray(list(p.ids) + list(o.ids), dtype=np.int64))
+        plens.append(len(p.ids))
+    return seqs, np.asarray(plens, dtype=np.int64)
 
 
 def _chunks(ids: np.ndarray, max_len: int, min_len: int) -> list[np.ndarray]:
