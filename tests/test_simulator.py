@@ -143,6 +143,19 @@ def test_hybrid_without_ngram_equals_dspark(chat):
     assert on["policies"]["hybrid"]["ngram_calibration"]["drafts"] > 0
 
 
+def test_fixed_window_hybrid_pays_the_whole_window_and_chains_run_past_gamma(short_code):
+    """The EAGLE-family worker's cost model: every request verifies max(gamma, max_draft) + 1 tokens a step."""
+    base = SimOptions(batch_size=2, max_requests=4, gamma=3, policies=("hybrid",), measure="all",
+                      hybrid_verify="fixed")
+    narrow = simulate(short_code, base)["policies"]["hybrid"]
+    wide = simulate(short_code, dataclasses.replace(base, max_draft=10))["policies"]["hybrid"]
+    assert narrow["verified_per_step"] == 4.0 and wide["verified_per_step"] == 11.0
+    # Code edits copy the prompt: n-gram chains longer than the 3-token model chain are verified and accepted.
+    assert wide["accepted_per_step"] > 4.0 and wide["accepted_per_step"] > narrow["accepted_per_step"]
+    with pytest.raises(ValueError, match="hybrid_verify"):
+        simulate(short_code, dataclasses.replace(base, hybrid_verify="tree"))
+
+
 def test_simulation_is_deterministic(short_code):
     opts = SimOptions(batch_size=2, max_requests=3)
     a, b = simulate(short_code, opts), simulate(short_code, opts)

@@ -117,14 +117,20 @@ class NgramPolicy:
 
 
 class HybridPolicy:
-    """Hybrid Spark: n-gram lookup + calibration + ``select_chains`` (SPS mode), as the worker runs them."""
+    """Hybrid Spark: n-gram lookup + calibration + ``select_chains``, as the worker runs them.
+
+    ``fixed_window``: None models a ragged verify (DSpark-style: SPS-mode budget, a step verifies only the chosen
+    lengths). An int ``W`` models the EAGLE-family worker: every request runs a ``W + 1``-token verify window
+    whichever chain it takes (``B = bs * (W + 1)``), the budget never binds (``K = bs * W``), and the price only
+    picks each request's chain.
+    """
 
     name = "hybrid"
     uses_model = True
 
     def __init__(self, gamma: int, max_bs: int, sps: SpsTable, calibration, *, n_min: int = 2, n_max: int = 8,
                  max_draft: int = 7, window: int = 0, num_iters: int = 2, enable_ngram: bool = True,
-                 max_verify_len: Optional[int] = None) -> None:
+                 max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -136,6 +142,10 @@ class HybridPolicy:
         self.max_verify_len = gamma if max_verify_len is None else max_verify_len
         self.sel = SelectionBuffers(max_bs, width, "cpu")
         self.sps = dense_sps(sps, max_bs * (1 + width), "cpu")
+        if fixed_window is not None and fixed_window < width:
+            raise ValueError(f"fixed_window ({fixed_window}) must be >= max(gamma, max_draft) = {width}")
+        self.fixed_window = fixed_window
+        self._budget = torch.zeros(1, dtype=torch.int32)
         self.q = torch.zeros(max_bs, max_draft, dtype=torch.float32)
         self.surv = torch.zeros(max_bs, max_draft, dtype=torch.float32)
 
@@ -147,7 +157,13 @@ class HybridPolicy:
         nlen = d.length if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)
         out = self.sel.view(bs)
-        select_chains(inp.model_tokens, model_surv, d.tokens, surv, nlen, None, self.sps, out,
-                      num_iters=self.num_iters, max_verify_len=self.max_verify_len)
+        if self.fixed_window is None:
+            select_chains(inp.model_tokens, model_surv, d.tokens, surv, nlen, None, self.sps, out,
+                          num_iters=self.num_iters, max_verify_len=self.max_verify_len)
+        else:
+            self._budget.fill_(bs * self.fixed_window)
+            select_chains(inp.model_tokens, model_surv, d.tokens, surv, nlen, self._budget, None, out,
+                          num_iters=self.num_iters, max_verify_len=self.max_verify_len)
         vl = out.verify_len.to(torch.int64)
-        return StepOutput(out.tokens, vl, bs + int(vl.sum()), out.choice == 1, d.tokens, nlen, surv)
+        batch = bs + int(vl.sum()) if self.fixed_window is None else bs * (1 + self.fixed_window)
+        return StepOutput(out.tokens, vl, batch, out.choice == 1, d.tokens, nlen, surv)

@@ -44,6 +44,7 @@ class SimOptions:
     window: int = HybridConfig.window
     num_iters: int = HybridConfig.num_iters
     enable_ngram: bool = True
+    hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
     calibration: Optional[str] = None  # None = the shipped table
     sps_table: Optional[str] = None  # None = the shipped roofline table
     tokenizer: Optional[str] = None  # None = the shipped tokenizer
@@ -65,6 +66,8 @@ class SimOptions:
             raise ValueError(f"cost: choose from ('sps', 'roofline-2d'), got {self.cost!r}")
         if self.measure not in ("steady", "all"):
             raise ValueError(f"measure: choose from ('steady', 'all'), got {self.measure!r}")
+        if self.hybrid_verify not in ("ragged", "fixed"):
+            raise ValueError(f"hybrid_verify: choose from ('ragged', 'fixed'), got {self.hybrid_verify!r}")
         if self.max_draft is not None and not (1 <= self.max_draft <= 16):
             raise ValueError(f"max_draft: must be in [1, 16], got {self.max_draft}")
 
@@ -136,7 +139,8 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
         return HybridPolicy(opts.gamma, opts.batch_size, sps, calibration if calibration is not None else
                             load_calibration(opts.calibration), n_min=opts.n_min, n_max=opts.n_max, max_draft=L,
                             window=opts.window, num_iters=opts.num_iters, enable_ngram=opts.enable_ngram,
-                            max_verify_len=opts.gamma if L <= opts.gamma else 0)
+                            max_verify_len=opts.gamma if L <= opts.gamma else 0,
+                            fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 
 

@@ -64,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--ngram-width", type=int, default=DEFAULT_NGRAM_WIDTH,
                    help="NGRAM policy: verify tokens per request (root + drafts), SGLang's default 12")
     n.add_argument("--max-draft", type=int, default=None,
-                   help="hybrid n-gram chain length (default min(16, gamma), as the v1 worker's verify window)")
+                   help="hybrid n-gram chain length (default gamma; above gamma the n-gram chain runs past the model's)")
+    n.add_argument("--hybrid-verify", choices=("ragged", "fixed"), default="ragged",
+                   help="ragged: DSpark-style verify of the chosen lengths under the SPS budget; fixed: the "
+                        "EAGLE-family worker, a max(gamma, max-draft) + 1 window for every request")
     n.add_argument("--n-min", type=int, default=2)
     n.add_argument("--n-max", type=int, default=8)
     n.add_argument("--num-iters", type=int, default=2)
@@ -85,6 +88,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         dspark_lag=args.dspark_lag, ngram_width=args.ngram_width, accept_length=args.accept_length,
         concentration=args.concentration, decay=args.decay, trace=args.trace, n_min=args.n_min, n_max=args.n_max,
         max_draft=args.max_draft, num_iters=args.num_iters, enable_ngram=not args.no_ngram,
+        hybrid_verify=args.hybrid_verify,
         calibration=args.calibration, sps_table=args.sps_table, tokenizer=args.tokenizer,
         measure=args.measure, cost=args.cost, progress=sys.stderr.isatty() if args.progress is None else args.progress,
     )
