@@ -24,23 +24,9 @@ from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
 from .selection import SelectionBuffers, select_chains
+from .stats import COUNTER_NAMES, SLOT_STAT_NAMES, StepStats  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("sglang_hybrid")
-
-# Device counter slots.
-C_STEPS, C_REQ_STEPS, C_NGRAM_CHOSEN, C_PROP_MODEL, C_PROP_NGRAM, C_ACC_MODEL, C_ACC_NGRAM, C_VERIFIED = range(8)
-SLOT_STAT_NAMES = ("steps", "ngram_chosen", "accepted_ngram", "accepted_model")
-COUNTER_NAMES = (
-    "decode_steps",
-    "request_steps",
-    "ngram_chosen",
-    "proposed_model",
-    "proposed_ngram",
-    "accepted_model",
-    "accepted_ngram",
-    "verified_draft_tokens",
-)
-
 
 @dataclass
 class Proposal:
@@ -73,6 +59,7 @@ class HybridStep:
         sps_dense: Optional[torch.Tensor] = None,
         max_context_len: Optional[int] = None,
         verify_window: Optional[int] = None,
+        kernel_backend: str = "auto",
     ) -> None:
         cfg.validate()
         self.cfg = cfg
@@ -90,33 +77,31 @@ class HybridStep:
         self.ngram_cfg.validate()
         self.history = TokenHistory(
             num_slots, width, self.device, max_batch_size=max_bs, max_context_len=max_context_len,
-            max_draft=self.ngram_cfg.max_draft,
+            max_draft=self.ngram_cfg.max_draft, backend=kernel_backend,
         )
+        self.kernel_backend = kernel_backend
         self.calibration = calibration if calibration is not None else CalibrationTable.load_default()
         self.calibration.check_covers(self.ngram_cfg)
-        self.calib_dev = self.calibration.to_device(self.device)
+        from .calibration.apply import DeviceCalibration
+
+        self.calib_dev = DeviceCalibration(self.calibration, self.device, backend=kernel_backend)
         L = self.ngram_cfg.max_draft
         self.q = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
         self.ngram_surv = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
         self.model_surv = torch.zeros(max_bs, gamma, dtype=torch.float32, device=self.device)
         self.model_tokens = torch.zeros(max_bs, gamma, dtype=torch.int32, device=self.device)
-        self.model_cond = torch.full((gamma,), cfg.model_prior, dtype=torch.float32, device=self.device)
         self.width = max(gamma, L)  # columns of a proposal; verify lengths are capped by it
         self.sel = SelectionBuffers(max_bs, self.width, self.device)
         self.conf = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.conf_prev = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.sps_dense = sps_dense
         self._budgets: dict[int, torch.Tensor] = {}
-        self.counters = torch.zeros(len(COUNTER_NAMES), dtype=torch.int64, device=self.device)
-        self.price = torch.zeros(1, dtype=torch.float32, device=self.device)
-        pin = self.device.type == "cuda"
-        self._host_counters = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, pin_memory=pin)
-        self._stage = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, device=self.device)
-        # Per request-pool slot: [steps, n-gram chosen, accepted n-gram tokens, accepted model tokens].
-        self.slot_stats = torch.zeros(num_slots, len(SLOT_STAT_NAMES), dtype=torch.int64, device=self.device)
-        self._host_slot_stats = torch.zeros_like(self.slot_stats, device="cpu").pin_memory() if pin else (
-            torch.zeros_like(self.slot_stats, device="cpu"))
-        self._pos = torch.arange(1, gamma + 1, dtype=torch.int32, device=self.device)
+        self._cond_surv = torch.zeros(gamma, dtype=torch.float32, device=self.device)
+        self._no_ngram = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+        self.stats = StepStats(num_slots=num_slots, max_bs=max_bs, gamma=gamma, model_prior=cfg.model_prior,
+                               model_ema=cfg.model_ema, device=self.device)
+        self.model_cond = self.stats.model_cond  # the model chain's online per-position acceptance
+        self.price = self.stats.price
         self._guard = os.environ.get("SGLANG_HYBRID_SYNC_GUARD", "") == "1"
         self._steps_host = 0
 
@@ -125,7 +110,7 @@ class HybridStep:
                    first_tokens: torch.Tensor) -> None:
         """Start each slot's history with its prompt and the first sampled token."""
         self.history.write_prompt(slots, prompt, prompt_len)
-        self.slot_stats.index_fill_(0, slots.to(torch.int64), 0)
+        self.stats.slot_stats.index_fill_(0, slots.to(torch.int64), 0)
         ones = torch.ones_like(slots, dtype=torch.int32)
         self.history.append(slots, first_tokens.to(torch.int32).view(-1, 1), ones)
 
@@ -155,20 +140,22 @@ class HybridStep:
             ngram_len = draft.length
             model_surv = self.model_surv[:bs]
             if self.cfg.enable_model and model_confidence is not None:
-                torch.cumprod(model_confidence.to(torch.float32).clamp(0.0, 1.0), 1, out=model_surv)
+                torch.clamp(model_confidence, 0.0, 1.0, out=model_surv)
+                model_surv.cumprod_(1)
             elif self.cfg.enable_model:
-                model_surv.copy_(torch.cumprod(self.model_cond, 0).expand(bs, -1))
+                torch.cumprod(self.model_cond, 0, out=self._cond_surv)
+                model_surv.copy_(self._cond_surv.expand(bs, -1))
             else:
                 model_surv.zero_()
             if not self.cfg.enable_ngram:
-                ngram_len = ngram_len.mul(0)
+                ngram_len = self._no_ngram[:bs]
             mt = self.model_tokens[:bs]
             mt.copy_(model_tokens)
             out = self.sel.view(bs)
             select_chains(
                 mt, model_surv, draft.tokens, ngram_surv, ngram_len,
                 self._budget(bs), self.sps_dense, out,
-                num_iters=self.cfg.num_iters, max_verify_len=self.width,
+                num_iters=self.cfg.num_iters, max_verify_len=self.width, backend=self.kernel_backend,
             )
             self.price.copy_(out.price)
             return Proposal(tokens=out.tokens[:, : self.width], verify_len=out.verify_len, choice=out.choice,
@@ -193,61 +180,20 @@ class HybridStep:
     def record(self, slots: torch.Tensor, proposal: Proposal, committed: torch.Tensor,
                accept_lens: torch.Tensor) -> None:
         """After verify: append ``committed[b, :accept_lens[b]]`` (accepted drafts + bonus) and update stats."""
-        bs = committed.shape[0]
         with sync_guard(self._guard):
-            counts = accept_lens.to(torch.int32)
-            self.history.append(slots, committed.to(torch.int32), counts)
-            acc = (counts - 1).clamp_(min=0)
-            vlen = proposal.verify_len
-            is_ng = proposal.choice == 1
-            is_m = ~is_ng
-            # Online refit of the model chain's per-position conditional acceptance (model-chain steps only).
-            if self.cfg.model_ema > 0:
-                j = self._pos.view(1, -1)
-                tried = is_m.view(-1, 1) & (vlen.view(-1, 1) >= j) & (acc.view(-1, 1) >= j - 1)
-                ok = tried & (acc.view(-1, 1) >= j)
-                trials = tried.sum(0).to(torch.float32)
-                rate = ok.sum(0).to(torch.float32) / trials.clamp(min=1.0)
-                upd = (1 - self.cfg.model_ema) * self.model_cond + self.cfg.model_ema * rate
-                self.model_cond.copy_(torch.where(trials > 0, upd, self.model_cond).clamp_(1e-3, 1.0))
-            c = self.counters
-            c[C_STEPS] += 1
-            c[C_REQ_STEPS] += bs
-            c[C_NGRAM_CHOSEN] += is_ng.sum()
-            c[C_PROP_MODEL] += (vlen * is_m).sum()
-            c[C_PROP_NGRAM] += (vlen * is_ng).sum()
-            c[C_ACC_MODEL] += (acc * is_m).sum()
-            c[C_ACC_NGRAM] += (acc * is_ng).sum()
-            c[C_VERIFIED] += vlen.sum()
-            per_req = torch.stack([torch.ones_like(acc), is_ng.to(acc.dtype), acc * is_ng, acc * is_m], 1)
-            self.slot_stats.index_add_(0, slots.to(torch.int64), per_req.to(torch.int64))
-            self._host_slot_stats.copy_(self.slot_stats, non_blocking=True)
-            # Asynchronous device-to-host copy: the host reads it later, one step stale at most.
-            self._stage[:-1].copy_(c)
-            self._stage[-1:].copy_(self.price)
-            self._host_counters.copy_(self._stage, non_blocking=True)
+            if committed.dtype != torch.int32:  # host-known dtype; SGLang's verify already yields int32
+                committed = committed.to(torch.int32)
+            self.history.append(slots, committed, accept_lens)
+            self.stats.update(slots, proposal.verify_len, proposal.choice, accept_lens)
         self._steps_host += 1
 
     # ---- metrics (host side, never waits on the device) --------------------------------------------
     def metrics(self) -> dict:
-        v = self._host_counters.tolist()
-        m = dict(zip(COUNTER_NAMES, (int(x) for x in v[:-1])))
-        m["price"] = float(v[-1])
-        rs = max(m["request_steps"], 1)
-        m["ngram_win_rate"] = m["ngram_chosen"] / rs
-        m["mean_accept_length"] = 1.0 + (m["accepted_model"] + m["accepted_ngram"]) / rs
-        return m
+        return self.stats.metrics()
 
     def request_metrics(self, slot: int) -> dict:
         """Host-side, at most one step stale: this slot's request's counters (for ``meta_info``)."""
-        steps, ng, acc_ng, acc_m = (int(x) for x in self._host_slot_stats[slot].tolist())
-        return {
-            "verify_steps": steps,
-            "ngram_chosen_steps": ng,
-            "accepted_ngram": acc_ng,
-            "accepted_model": acc_m,
-            "ngram_win_rate": ng / steps if steps else 0.0,
-        }
+        return self.stats.request_metrics(slot)
 
     def should_log(self) -> bool:
         n = self.cfg.metrics_interval

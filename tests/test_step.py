@@ -151,3 +151,60 @@ def test_dspark_shaped_merge_feeds_sglangs_dspark_planner():
     p2 = only_model.propose(slots, model, model_confidence=conf)
     assert p2.choice.tolist() == [0, 0, 0]
     assert torch.allclose(only_model.conditional_confidence(p2)[:, :GAMMA], conf, atol=1e-6)
+
+
+def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
+    """propose / record / conditional_confidence run as the worker runs them (host-sync guard on, so the CPU-only
+    argument checks are off) with the Triton kernels under the interpreter. The profiler records every tensor
+    allocation; the ones made inside a kernel launch are the interpreter's own copies (on CUDA a launch
+    allocates nothing), so only allocations outside the kernels count, and there must be none."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from sglang_hybrid import step as step_mod
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py before triton is imported)")
+    monkeypatch.setenv("SGLANG_HYBRID_SYNC_GUARD", "1")
+    s = HybridStep(HybridConfig(model_ema=0.1), num_slots=8, width=256, gamma=GAMMA, max_bs=4, device="cpu",
+                   verify_window=8, kernel_backend="triton")
+
+    def tagged(fn):
+        def run(*a, **k):
+            with record_function("hybrid_kernel"):
+                return fn(*a, **k)
+        return run
+
+    s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
+    s.calib_dev._fn = tagged(s.calib_dev._fn)
+    monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
+    slots = torch.tensor([0, 1, 2])
+    _prefill(s, slots, [list(range(10, 40)) + list(range(10, 14)), list(range(50, 80)), list(range(90, 99)) * 3])
+    model = torch.randint(3, 100, (3, GAMMA), dtype=torch.int32)
+    conf = torch.rand(3, GAMMA)
+    committed = torch.randint(3, 100, (3, 9), dtype=torch.int32)
+    accept = torch.tensor([3, 1, 5], dtype=torch.int32)
+
+    def one_step():
+        p = s.propose(slots, model)
+        s.record(slots, p, committed, accept)
+        p = s.propose(slots, model, model_confidence=conf)
+        s.conditional_confidence(p)
+        s.record(slots, p, committed, accept)
+
+    one_step()  # warm-up: per-batch-size constants (the fixed budget) are made once
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        one_step()
+
+    def in_kernel(e):
+        while e is not None:
+            if e.name == "hybrid_kernel":
+                return True
+            e = e.cpu_parent
+        return False
+
+    events = list(prof.events())
+    assert sum(e.name == "hybrid_kernel" for e in events) == 8  # 2 x (lookup, calibration, selection, append)
+    outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
+    assert outside == [], outside

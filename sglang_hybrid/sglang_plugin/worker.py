@@ -85,6 +85,7 @@ class HybridMixin:
 
             reserve(self.device, window, max_bs)
         self._hybrid_cols = torch.arange(window + 1, dtype=torch.int32, device=self.device).view(1, -1)
+        self._hybrid_unlink = torch.zeros(max_bs, window + 1, dtype=torch.bool, device=self.device)
         from .observability import install
 
         install(self.hybrid)
@@ -128,7 +129,9 @@ class HybridMixin:
             proposal = hy.propose(batch.req_pool_indices, tokens[:, 1 : 1 + hy.gamma])
             tokens[:, 1 : 1 + hy.width].copy_(proposal.tokens)
             # Cap each request's acceptance at its verify length: unlink the chain after node verify_len.
-            vi.retrieve_next_token.masked_fill_(self._hybrid_cols >= proposal.verify_len.view(-1, 1), -1)
+            unlink = self._hybrid_unlink[:bs]
+            torch.ge(self._hybrid_cols, proposal.verify_len.view(-1, 1), out=unlink)
+            vi.retrieve_next_token.masked_fill_(unlink, -1)
         out = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
         if proposal is not None:
             bs = batch.req_pool_indices.shape[0]

@@ -1,0 +1,147 @@
+"""After-verify bookkeeping of Hybrid Spark: device counters, per-slot statistics and the online refit of the
+model chain's per-position acceptance; all of it into buffers allocated once, for the largest batch.
+
+``StepStats.update`` runs in the decode step: a fixed sequence of ``out=`` / in-place kernels, no host read,
+no allocation (``tests/test_step.py`` counts allocations with the profiler). The host reads the counters only
+from pinned copies, at most one step stale (``metrics`` / ``request_metrics``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Device counter slots.
+C_STEPS, C_REQ_STEPS, C_NGRAM_CHOSEN, C_PROP_MODEL, C_PROP_NGRAM, C_ACC_MODEL, C_ACC_NGRAM, C_VERIFIED = range(8)
+COUNTER_NAMES = (
+    "decode_steps",
+    "request_steps",
+    "ngram_chosen",
+    "proposed_model",
+    "proposed_ngram",
+    "accepted_model",
+    "accepted_ngram",
+    "verified_draft_tokens",
+)
+SLOT_STAT_NAMES = ("steps", "ngram_chosen", "accepted_ngram", "accepted_model")
+# Per-request columns summed into the counters: [1, n-gram chosen, acc*ng, acc*m, vlen*m, vlen*ng, vlen];
+# the first four are also the per-slot statistics.
+_SUMMED = (C_REQ_STEPS, C_NGRAM_CHOSEN, C_ACC_NGRAM, C_ACC_MODEL, C_PROP_MODEL, C_PROP_NGRAM, C_VERIFIED)
+
+
+class StepStats:
+    """Counters and the model chain's online acceptance estimate for batches of up to ``max_bs`` requests."""
+
+    def __init__(self, *, num_slots: int, max_bs: int, gamma: int, model_prior: float, model_ema: float,
+                 device: torch.device) -> None:
+        kw = dict(device=device)
+        self.model_ema = float(model_ema)
+        # Per-position conditional acceptance of the model chain, refit from model-chain steps.
+        self.model_cond = torch.full((gamma,), model_prior, dtype=torch.float32, **kw)
+        self.counters = torch.zeros(len(COUNTER_NAMES), dtype=torch.int64, **kw)
+        self.price = torch.zeros(1, dtype=torch.float32, **kw)
+        self.slot_stats = torch.zeros(num_slots, len(SLOT_STAT_NAMES), dtype=torch.int64, **kw)
+        pin = device.type == "cuda"
+        self._host_counters = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, pin_memory=pin)
+        self._host_slot_stats = torch.zeros(num_slots, len(SLOT_STAT_NAMES), dtype=torch.int64, pin_memory=pin)
+        self._stage = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, **kw)
+        # Scratch.
+        self._acc = torch.zeros(max_bs, dtype=torch.int64, **kw)
+        self._vlen = torch.zeros(max_bs, dtype=torch.int64, **kw)
+        self._is_ng = torch.zeros(max_bs, dtype=torch.bool, **kw)
+        self._is_m = torch.zeros(max_bs, dtype=torch.bool, **kw)
+        self._ng = torch.zeros(max_bs, dtype=torch.int64, **kw)  # is_ng / is_m as 0/1 integers
+        self._m = torch.zeros(max_bs, dtype=torch.int64, **kw)
+        self._per_req = torch.zeros(max_bs, len(_SUMMED), dtype=torch.int64, **kw)
+        self._sums = torch.zeros(len(_SUMMED), dtype=torch.int64, **kw)
+        self._sum_idx = torch.tensor(_SUMMED, dtype=torch.int64, **kw)
+        self._pos = torch.arange(1, gamma + 1, dtype=torch.int64, **kw).view(1, -1)
+        self._pos_m1 = self._pos - 1
+        self._tried = torch.zeros(max_bs, gamma, dtype=torch.bool, **kw)
+        self._ok = torch.zeros(max_bs, gamma, dtype=torch.bool, **kw)
+        self._tried_f = torch.zeros(max_bs, gamma, dtype=torch.float32, **kw)
+        self._ok_f = torch.zeros(max_bs, gamma, dtype=torch.float32, **kw)
+        # Constants as device tensors: a Python number in a tensor op is wrapped into a fresh tensor each call.
+        self._one = torch.ones((), dtype=torch.int64, **kw)
+        self._one_i32 = torch.ones((), dtype=torch.int32, **kw)
+        self._zero_f = torch.zeros((), dtype=torch.float32, **kw)
+        self._ema = torch.full((), self.model_ema, dtype=torch.float32, **kw)
+        self._trials = torch.zeros(gamma, dtype=torch.float32, **kw)
+        self._hits = torch.zeros(gamma, dtype=torch.float32, **kw)
+        self._seen = torch.zeros(gamma, dtype=torch.bool, **kw)
+
+    def update(self, slots: torch.Tensor, verify_len: torch.Tensor, choice: torch.Tensor,
+               accept_lens: torch.Tensor) -> None:
+        """Count one verify: ``accept_lens[b]`` committed tokens (accepted drafts + bonus) of request ``b``."""
+        bs = accept_lens.shape[0]
+        acc, vlen, is_ng, is_m = self._acc[:bs], self._vlen[:bs], self._is_ng[:bs], self._is_m[:bs]
+        ng, m = self._ng[:bs], self._m[:bs]
+        acc.copy_(accept_lens)
+        torch.sub(acc, self._one, out=acc)
+        acc.clamp_(min=0)
+        vlen.copy_(verify_len)
+        torch.eq(choice, self._one_i32 if choice.dtype == torch.int32 else self._one, out=is_ng)
+        torch.logical_not(is_ng, out=is_m)
+        ng.copy_(is_ng)
+        m.copy_(is_m)
+        if self.model_ema > 0:
+            self._refit(acc, vlen, is_m)
+        pr = self._per_req[:bs]
+        pr[:, 0].fill_(1)
+        pr[:, 1].copy_(ng)
+        torch.mul(acc, ng, out=pr[:, 2])
+        torch.mul(acc, m, out=pr[:, 3])
+        torch.mul(vlen, m, out=pr[:, 4])
+        torch.mul(vlen, ng, out=pr[:, 5])
+        pr[:, 6].copy_(vlen)
+        torch.sum(pr, 0, out=self._sums)
+        self.counters.index_add_(0, self._sum_idx, self._sums)
+        self.counters[C_STEPS : C_STEPS + 1].add_(self._one)
+        self.slot_stats.index_add_(0, slots, pr[:, : len(SLOT_STAT_NAMES)])
+        # Asynchronous device-to-host copies: the host reads them later, one step stale at most.
+        self._host_slot_stats.copy_(self.slot_stats, non_blocking=True)
+        self._stage[:-1].copy_(self.counters)
+        self._stage[-1:].copy_(self.price)
+        self._host_counters.copy_(self._stage, non_blocking=True)
+
+    def _refit(self, acc: torch.Tensor, vlen: torch.Tensor, is_m: torch.Tensor) -> None:
+        """EMA of the per-position conditional acceptance over the model-chain requests that reached position j."""
+        bs = acc.shape[0]
+        tried, ok = self._tried[:bs], self._ok[:bs]
+        # tried[b, j]: model chain, position j verified, and positions < j all accepted.
+        torch.ge(vlen.view(-1, 1), self._pos, out=tried)
+        torch.ge(acc.view(-1, 1), self._pos_m1, out=ok)
+        tried.logical_and_(ok).logical_and_(is_m.view(-1, 1))
+        torch.ge(acc.view(-1, 1), self._pos, out=ok)
+        ok.logical_and_(tried)
+        tried_f, ok_f = self._tried_f[:bs], self._ok_f[:bs]
+        tried_f.copy_(tried)
+        ok_f.copy_(ok)
+        torch.sum(tried_f, 0, out=self._trials)
+        torch.sum(ok_f, 0, out=self._hits)
+        torch.gt(self._trials, self._zero_f, out=self._seen)
+        self._trials.clamp_(min=1.0)
+        self._hits.div_(self._trials)  # the observed rate
+        torch.mul(self._hits, self._ema, out=self._hits).add_(self.model_cond, alpha=1.0 - self.model_ema)
+        torch.where(self._seen, self._hits, self.model_cond, out=self.model_cond)
+        self.model_cond.clamp_(1e-3, 1.0)
+
+    # ---- host side (never waits on the device) --------------------------------------------------------
+    def metrics(self) -> dict:
+        v = self._host_counters.tolist()
+        m = dict(zip(COUNTER_NAMES, (int(x) for x in v[:-1])))
+        m["price"] = float(v[-1])
+        rs = max(m["request_steps"], 1)
+        m["ngram_win_rate"] = m["ngram_chosen"] / rs
+        m["mean_accept_length"] = 1.0 + (m["accepted_model"] + m["accepted_ngram"]) / rs
+        return m
+
+    def request_metrics(self, slot: int) -> dict:
+        """This slot's request's counters (for ``meta_info``), at most one step stale."""
+        steps, ng, acc_ng, acc_m = (int(x) for x in self._host_slot_stats[slot].tolist())
+        return {
+            "verify_steps": steps,
+            "ngram_chosen_steps": ng,
+            "accepted_ngram": acc_ng,
+            "accepted_model": acc_m,
+            "ngram_win_rate": ng / steps if steps else 0.0,
+        }
