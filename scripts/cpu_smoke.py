@@ -45,18 +45,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def read_prompts(path: str) -> List[str]:
     """The ``prompt`` texts of a JSONL file (raises ValueError naming the line on bad input)."""
+    from sglang_hybrid.jsonl_io import json_lines
+
     texts = []
-    with open(path, encoding="utf-8") as f:
-        for no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{no}: not JSON ({e})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
-                raise ValueError(f"{path}:{no}: expected an object with a non-empty 'prompt' string")
-            texts.append(obj["prompt"])
+    for where, obj in json_lines(path):
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+            raise ValueError(f"{where}: expected an object with a non-empty 'prompt' string")
+        texts.append(obj["prompt"])
     if not texts:
         raise ValueError(f"{path}: no prompts")
     return texts

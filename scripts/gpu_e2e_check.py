@@ -3,8 +3,9 @@
 
 Builds the tiny deterministic models of ``tests/e2e/tiny_models.py`` (a 2-layer Llama target and a 1-layer
 stand-alone draft, random but structured weights, built locally: nothing is downloaded), then starts one
-``sglang.Engine`` for plain decoding and one with ``--speculative-algorithm HYBRID_SPARK`` (stand-alone draft
-model plus the n-gram drafter), each in its own subprocess, decodes the same prompts greedily (some with
+``sglang.Engine`` for plain decoding and two with ``--speculative-algorithm HYBRID_SPARK`` (stand-alone draft
+model plus the n-gram drafter; verify windows 4 and 9, the second with n-gram chains past the 3-token model
+chain), each in its own subprocess, decodes the same prompts greedily (some with
 repeated spans, so the n-gram chain gets chosen) and compares the output token ids exactly.
 
 Where SGLang is not importable (the lent GPU machine has none) it prints ``skipped: sglang not installed`` and
@@ -43,7 +44,7 @@ PROMPT_TEXTS = [
 ]
 
 
-def _engine_kwargs(device: str, models: Any, algorithm: str | None, dtype: str) -> Dict[str, Any]:
+def _engine_kwargs(device: str, models: Any, algorithm: str | None, dtype: str, window: int = 4) -> Dict[str, Any]:
     """``sglang.Engine`` keyword arguments for a plain (``algorithm=None``) or speculative run."""
     if device == "cpu":
         sys.path.insert(0, E2E_DIR)
@@ -70,9 +71,13 @@ def _engine_kwargs(device: str, models: Any, algorithm: str | None, dtype: str) 
             speculative_draft_model_path=models.standalone,
             speculative_num_steps=3,
             speculative_eagle_topk=1,
-            speculative_num_draft_tokens=4,
+            speculative_num_draft_tokens=window,  # > steps + 1: n-gram chains past the model chain
         )
     return kw
+
+
+# (name, algorithm, verify window): plain, HYBRID_SPARK with SGLang's window, and a window widened to 9.
+RUNS = (("plain", None, 4), ("hybrid_spark", "HYBRID_SPARK", 4), ("hybrid_spark_wide", "HYBRID_SPARK", 9))
 
 
 def _child_env(device: str) -> Dict[str, str]:
@@ -194,33 +199,34 @@ def main(argv: List[str] | None = None) -> int:
               f"{[len(x) for x in prompts]} tokens, {args.max_new_tokens} new tokens each, greedy", flush=True)
         results = {}
         try:
-            for name, algo in (("plain", None), ("hybrid_spark", "HYBRID_SPARK")):
+            for name, algo, window in RUNS:
                 spec = dict(device=args.device, prompts=prompts, max_new_tokens=args.max_new_tokens,
-                            kwargs=_engine_kwargs(args.device, models, algo, args.dtype))
+                            kwargs=_engine_kwargs(args.device, models, algo, args.dtype, window))
                 results[name] = _launch(name, spec, tmp, args.timeout)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print(f"gpu_e2e_check: SET-UP ERROR: {e}")
             return 2
 
-    plain, hybrid = results["plain"]["output_ids"], results["hybrid_spark"]["output_ids"]
+    plain = results["plain"]["output_ids"]
     bad = 0
-    for i, (a, b) in enumerate(zip(plain, hybrid)):
-        if a != b:
+    for name in [r[0] for r in RUNS[1:]]:
+        hybrid = results[name]["output_ids"]
+        for i, (a, b) in enumerate(zip(plain, hybrid)):
+            if a != b:
+                bad += 1
+                j = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+                print(f"MISMATCH {name} prompt {i}: first difference at output token {j}: plain {a[j:j + 8]} vs "
+                      f"{b[j:j + 8]} (lengths {len(a)} / {len(b)})")
+        if len(plain) != len(hybrid):
             bad += 1
-            j = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
-            print(f"MISMATCH prompt {i}: first difference at output token {j}: plain {a[j:j + 8]} vs hybrid "
-                  f"{b[j:j + 8]} (lengths {len(a)} / {len(b)})")
-    if len(plain) != len(hybrid):
-        bad += 1
-        print(f"MISMATCH: {len(plain)} plain outputs vs {len(hybrid)} hybrid outputs")
+            print(f"MISMATCH {name}: {len(plain)} plain outputs vs {len(hybrid)}")
     if bad:
-        print(f"gpu_e2e_check: FAILED: {bad} of {len(plain)} greedy outputs differ between HYBRID_SPARK and plain")
+        print(f"gpu_e2e_check: FAILED: {bad} greedy outputs differ between HYBRID_SPARK and plain")
         return 1
-    print(f"gpu_e2e_check: ok: HYBRID_SPARK greedy outputs equal plain decoding on all {len(plain)} prompts "
-          f"({sum(len(x) for x in plain)} tokens; {results['hybrid_spark']['tokens_per_step']} tokens per verify "
-          "step)")
+    steps = {r[0]: results[r[0]]["tokens_per_step"] for r in RUNS[1:]}
+    print(f"gpu_e2e_check: ok: HYBRID_SPARK greedy outputs (windows 4 and 9) equal plain decoding on all "
+          f"{len(plain)} prompts ({sum(len(x) for x in plain)} tokens; tokens per verify step {steps})")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -138,7 +138,7 @@ def test_request_documents_keep_their_prompt_output_split(tmp_path):
     with pytest.raises(ValueError, match="bad.jsonl:2: a request needs string fields"):
         request_documents(bad)
     bad.write_text('{"prompt": "a", "output": "b"}\nnot json\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2: not JSON"):
+    with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
         request_documents(bad)
 
 

@@ -23,13 +23,14 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import json
 import os
 import sysconfig
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from ..jsonl_io import json_lines
 
 __all__ = ["Document", "stdlib_root", "stdlib_documents", "path_documents", "request_documents", "corpus_digest"]
 
@@ -185,18 +186,11 @@ def request_documents(path: str | os.PathLike) -> list[Document]:
     """The served requests of a JSONL file (see the module doc); a bad line raises ``ValueError`` naming it."""
     path = Path(path)
     docs: list[Document] = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("prompt", "output")):
-                raise ValueError(f"{path}:{n}: a request needs string fields 'prompt' and 'output'")
-            name = f"{path.name}:{rec.get('id', n)}"
-            docs.append(Document(name, str(rec.get("kind", "request")), rec["output"], rec["prompt"]))
+    for where, rec in json_lines(path):
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("prompt", "output")):
+            raise ValueError(f"{where}: a request needs string fields 'prompt' and 'output'")
+        name = f"{path.name}:{rec.get('id', where.rsplit(':', 1)[1])}"
+        docs.append(Document(name, str(rec.get("kind", "request")), rec["output"], rec["prompt"]))
     if not docs:
         raise ValueError(f"{path}: no requests")
     return docs

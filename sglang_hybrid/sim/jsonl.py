@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..jsonl_io import json_lines
 from typing import Iterable
 
 KINDS = ("code-edit", "chat")
@@ -57,19 +59,12 @@ def read_workload(path: str | Path) -> list[Record]:
         raise FileNotFoundError(f"workload file not found: {path}")
     out: list[Record] = []
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise WorkloadFormatError(f"{path}:{n}: not valid JSON: {e}") from None
-            rec = check_record(obj, f"{path}:{n}")
-            if rec.id in seen:
-                raise WorkloadFormatError(f"{path}:{n}: duplicate id {rec.id!r}")
-            seen.add(rec.id)
-            out.append(rec)
+    for where, obj in json_lines(path, WorkloadFormatError):
+        rec = check_record(obj, where)
+        if rec.id in seen:
+            raise WorkloadFormatError(f"{where}: duplicate id {rec.id!r}")
+        seen.add(rec.id)
+        out.append(rec)
     return out
 
 

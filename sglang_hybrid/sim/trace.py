@@ -19,9 +19,10 @@ counts the three cases. For exact replay the workload's output should be what th
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..jsonl_io import json_lines
 
 import numpy as np
 
@@ -64,16 +65,9 @@ def load_trace(path: str | Path, gamma: int | None = None) -> dict[str, list[Tra
     if not path.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")
     by_id: dict[str, dict[int, TraceStep]] = {}
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceFormatError(f"{path}:{n}: not valid JSON: {e}") from None
-            rid, step = _parse(obj, f"{path}:{n}", gamma)
-            by_id.setdefault(rid, {})[step.pos] = step
+    for where, obj in json_lines(path, TraceFormatError):
+        rid, step = _parse(obj, where, gamma)
+        by_id.setdefault(rid, {})[step.pos] = step
     return {rid: [d[p] for p in sorted(d)] for rid, d in by_id.items()}
 
 
