@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from .calibration import CalibrationTable
+from .calibration.apply import DeviceCalibration
 from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
@@ -82,8 +83,6 @@ class HybridStep:
         self.kernel_backend = kernel_backend
         self.calibration = calibration if calibration is not None else CalibrationTable.load_default()
         self.calibration.check_covers(self.ngram_cfg)
-        from .calibration.apply import DeviceCalibration
-
         self.calib_dev = DeviceCalibration(self.calibration, self.device, backend=kernel_backend)
         L = self.ngram_cfg.max_draft
         self.q = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)

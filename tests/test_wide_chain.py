@@ -82,10 +82,10 @@ def test_idle_batch_gets_the_window_depth_and_draft_probs_are_refused(hybrid_pro
 
 def test_pad_buffers_are_reused_and_grow_only_past_the_reserved_batch(hybrid_process):
     wide_chain.reserve("cpu", 7, 4)
-    a = wide_chain._pad(torch.device("cpu"), 7, 3)
-    b = wide_chain._pad(torch.device("cpu"), 7, 4)
+    a = wide_chain._pad(torch.device("cpu"), 7, 3, torch.int64)
+    b = wide_chain._pad(torch.device("cpu"), 7, 4, torch.int64)
     assert a is b and a.rows >= 4
-    c = wide_chain._pad(torch.device("cpu"), 7, a.rows + 1)
+    c = wide_chain._pad(torch.device("cpu"), 7, a.rows + 1, torch.int64)
     assert c is not a and c.rows == a.rows + 1
 
 

@@ -72,35 +72,27 @@ def rebuild_topk1_hook(original_fn, self, *args, **kwargs):
 class _ChainPad:
     """Preallocated ``[rows, width]`` buffers: the padded draft chain and its constant chain topology."""
 
-    def __init__(self, rows: int, width: int, device: torch.device) -> None:
+    def __init__(self, rows: int, width: int, device: torch.device, dtype: torch.dtype) -> None:
         self.rows = rows
-        self.tokens = torch.zeros(rows, width, dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(rows, width, dtype=dtype, device=device)
         self.parents = torch.arange(-1, width - 1, dtype=torch.long, device=device).repeat(rows, 1)
         self.scores = torch.arange(width, dtype=torch.long, device=device).repeat(rows, 1)
 
 
-_PADS: Dict[Tuple[str, int], _ChainPad] = {}
+_PADS: Dict[Tuple[str, int, torch.dtype], _ChainPad] = {}
 
 
-def _default_rows() -> int:
-    try:
-        from sglang.srt.runtime_context import get_schedule
-
-        return max(int(get_schedule().max_running_requests or 0), 1)
-    except Exception:  # noqa: BLE001
-        return 1
+def reserve(device: torch.device | str, width: int, rows: int, dtype: torch.dtype = torch.int64) -> None:
+    """Allocate the pad buffers for batches up to ``rows`` (the worker calls it at start-up; SGLang's draft
+    tokens are int64)."""
+    _pad(torch.device(device), width, rows, dtype)
 
 
-def reserve(device: torch.device | str, width: int, rows: int) -> None:
-    """Allocate the pad buffers for batches up to ``rows`` (called by the worker at start-up)."""
-    _pad(torch.device(device), width, rows)
-
-
-def _pad(device: torch.device, width: int, rows: int) -> _ChainPad:
-    key = (str(device), width)
+def _pad(device: torch.device, width: int, rows: int, dtype: torch.dtype) -> _ChainPad:
+    key = (str(device), width, dtype)
     pad = _PADS.get(key)
     if pad is None or pad.rows < rows:
-        pad = _ChainPad(max(rows, _default_rows(), pad.rows if pad else 0), width, device)
+        pad = _ChainPad(max(rows, pad.rows if pad else 0), width, device, dtype)
         _PADS[key] = pad
     return pad
 
@@ -119,10 +111,8 @@ def verify_input_hook(original_fn, batch, draft_input, parent_list, top_scores_i
         raise RuntimeError("HYBRID_SPARK: draft probabilities (rejection sampling) cannot be used with a widened "
                            "verify window")
     bs = draft_tokens.shape[0]
-    pad = _pad(draft_tokens.device, width, bs)
+    pad = _pad(draft_tokens.device, width, bs, draft_tokens.dtype)
     tokens = pad.tokens[:bs]
-    if tokens.dtype != draft_tokens.dtype:
-        tokens = tokens.to(draft_tokens.dtype)  # not reached with SGLang's int64 draft tokens
     tokens[:, : draft_tokens.shape[1]].copy_(draft_tokens)
     return original_fn(batch, draft_input, pad.parents[:bs], pad.scores[:bs], tokens, draft_probs, **kwargs)
 

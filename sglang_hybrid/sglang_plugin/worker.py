@@ -1,6 +1,9 @@
 """The HYBRID_SPARK workers: SGLang's EAGLE V2 / stand-alone V2 workers plus the n-gram chain.
 
-Two methods of the host worker are wrapped (both declared in ``hooks.py``):
+Three methods of the host worker are wrapped (all declared in ``hooks.py``):
+
+* ``alloc_memory_pool``: once SGLang has sized the request pool, the device state is built (one token-history
+  row per request-pool slot, buffers for the largest batch).
 
 * ``_forward_prefill_batch``: after the target prefill, each request's prompt (and the first sampled token)
   is written into its request-pool slot of the token-history table. Chunked prefill re-writes the row at every
@@ -11,9 +14,10 @@ Two methods of the host worker are wrapped (both declared in ``hooks.py``):
   selection replace each request's draft chain by the chosen chain (same chain topology, so the tree mask,
   positions and KV plan are untouched) and cap its verify length by unlinking ``retrieve_next_token`` past
   it. When the verify window is wider than the model chain (``wide_chain.py``), the model chain fills its
-  first ``gamma`` columns and an n-gram chain may use all of them; SGLang's own greedy / sampling verification then accepts a prefix, so output is unchanged at
-  temperature 0 and the target distribution is kept when sampling (the drafts are deterministic). After
-  verify, the committed tokens are appended to the history and the statistics updated, all on the device.
+  first ``gamma`` columns and an n-gram chain may use all of them. SGLang's own greedy / sampling verification
+  then accepts a prefix, so output is unchanged at temperature 0 and the target distribution is kept when
+  sampling (the drafts are deterministic). After verify, the committed tokens are appended to the history and
+  the statistics updated, all on the device.
 
 The draft model's state update (draft extend) runs unchanged from the accepted prefix, whichever drafter
 proposed it.
