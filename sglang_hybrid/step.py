@@ -188,7 +188,12 @@ class HybridStep:
 
     # ---- metrics (host side, never waits on the device) --------------------------------------------
     def metrics(self) -> dict:
-        return self.stats.metrics()
+        """Server-wide counters (at most one step stale) and the shape of the step."""
+        m = self.stats.metrics()
+        m["model_chain_tokens"] = self.gamma
+        m["verify_window_tokens"] = self.verify_window + 1  # root included, as --speculative-num-draft-tokens
+        m["ngram_chain_tokens"] = self.ngram_cfg.max_draft
+        return m
 
     def request_metrics(self, slot: int) -> dict:
         """Host-side, at most one step stale: this slot's request's counters (for ``meta_info``)."""

@@ -109,6 +109,7 @@ def test_wide_verify_window_lets_ngram_chains_run_past_the_model_chain():
     step.record(slots, prop, committed, torch.tensor([8, 3], dtype=torch.int32))
     m = step.metrics()
     assert m["accepted_ngram"] == 7 and m["accepted_model"] == 2
+    assert (m["model_chain_tokens"], m["ngram_chain_tokens"], m["verify_window_tokens"]) == (GAMMA, 10, 11)
 
 
 def test_max_draft_below_the_window_caps_the_ngram_chain():

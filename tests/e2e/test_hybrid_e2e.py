@@ -57,3 +57,4 @@ def test_ngram_chain_is_chosen_on_repeats_and_accepts_several_tokens(engine_pool
         steps = 2
         assert accepted / ngram_steps > steps, per_req
         assert server["proposed_ngram"] > steps * server["ngram_chosen"], server
+        assert (server["model_chain_tokens"], server["verify_window_tokens"]) == (steps, 8), server
