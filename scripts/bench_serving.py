@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """GPU benchmark: DSPARK vs NGRAM vs HYBRID_SPARK served by SGLang on the code-edit and chat workloads.
 
-For each policy it launches ``python -m sglang.launch_server`` with the same target (and, for DSPARK and
-HYBRID_SPARK, the same draft model), runs ``python -m sglang.benchmark.serving`` on both workloads (converted
+For each policy it launches ``python -m sglang.launch_server`` with the same target (DSPARK with its DSpark draft
+model, HYBRID_SPARK with an EAGLE-family draft model: ``--hybrid-draft-model``), runs ``python -m sglang.benchmark.serving`` on both workloads (converted
 to SGLang's ``custom`` dataset format) at each concurrency, temperature 0, then shuts the server down (also on
 failure or Ctrl-C: every server runs in its own process group, killed on exit). It collects output throughput
 and accept length into a table (stdout + ``OUT/results.json``) and a PNG of the ratios (``OUT/ratios.png``).
 
     python scripts/bench_serving.py --model /models/Qwen3-8B --draft-model /models/dspark_qwen3_8b_block7 \\
-        --sps-table sps_8b.json --out bench_out
+        --hybrid-draft-model /models/eagle3_qwen3_8b --sps-table sps_8b.json --out bench_out
 
 ``--dry-run`` (CPU, no GPU, nothing started): prints every command and checks them: the server flags against
 SGLang's own ``ServerArgs`` parser, the benchmark flags against ``sglang.benchmark.serving``'s argparse, the
@@ -17,7 +17,7 @@ converted datasets against SGLang's ``custom`` loader, and that HYBRID_SPARK res
 Notes. DSPARK schedules per-request verify lengths only in a ragged-verify mode, so its server runs with
 ``SGLANG_RAGGED_VERIFY_MODE=compact`` (``--ragged-mode``); give it a measured SPS table (``--sps-table``, made with
 ``python -m sglang.benchmark.dspark_sps_profiler``) or its budget degenerates to verify-all. The same table goes
-to HYBRID_SPARK (its selection prices tokens with it). Every server gets ``--max-running-requests`` = the largest
+only to DSPARK: HYBRID_SPARK's EAGLE-family verify has a fixed window, where a budget never pays. Every server gets ``--max-running-requests`` = the largest
 concurrency (SGLang's speculative defaults cap it at 48).
 """
 
@@ -59,16 +59,22 @@ class Plan:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="target model path (HF dir or repo id)")
-    p.add_argument("--draft-model", required=True, help="draft model for DSPARK and HYBRID_SPARK")
+    p.add_argument("--draft-model", required=True, help="DSpark draft model (DSPARK)")
+    p.add_argument("--hybrid-draft-model", default=None,
+                   help="EAGLE / EAGLE-3 / stand-alone draft model for HYBRID_SPARK (default: --draft-model; "
+                        "HYBRID_SPARK refuses a DSpark draft)")
     p.add_argument("--tokenizer", default=None, help="tokenizer for the benchmark client (default: --model)")
     p.add_argument("--workloads", default=str(DEFAULT_WORKLOADS), help="directory with code_edit.jsonl, chat.jsonl")
     p.add_argument("--concurrency", default="4,32,128", help="comma list of max concurrencies")
     p.add_argument("--num-prompts", type=int, default=0,
                    help="prompts per run (0: min(dataset, max(4 x concurrency, 32)))")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma list from dspark,ngram,hybrid")
-    p.add_argument("--sps-table", default=None, help="SPS table JSON for DSPARK and HYBRID_SPARK budgets")
+    p.add_argument("--sps-table", default=None, help="SPS table JSON for DSPARK's budget")
     p.add_argument("--ngram-draft-tokens", type=int, default=12, help="NGRAM --speculative-num-draft-tokens")
     p.add_argument("--hybrid-steps", type=int, default=7, help="HYBRID_SPARK --speculative-num-steps (gamma)")
+    p.add_argument("--hybrid-max-draft", type=int, default=0,
+                   help="HYBRID_SPARK n-gram chain length (SGLANG_HYBRID_MAX_DRAFT); above --hybrid-steps it "
+                        "widens the verify window")
     p.add_argument("--ragged-mode", default="compact", help="SGLANG_RAGGED_VERIFY_MODE for DSPARK")
     p.add_argument("--hybrid-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for the HYBRID_SPARK server (e.g. SGLANG_HYBRID_DRAFT_KIND=dspark)")
@@ -107,16 +113,18 @@ def server_command(policy: str, a: argparse.Namespace, port: int, max_running: i
             "--port", str(port), "--random-seed", "0", "--max-running-requests", str(max_running),
             "--speculative-algorithm", ALGORITHM[policy]]
     env: dict[str, str] = {}
-    if policy in ("dspark", "hybrid"):
+    if policy == "dspark":
         argv += ["--speculative-draft-model-path", a.draft_model]
         if a.sps_table:
             argv += ["--speculative-dspark-sps-table-path", a.sps_table]
-    if policy == "dspark":
         env["SGLANG_RAGGED_VERIFY_MODE"] = a.ragged_mode
     if policy == "ngram":
         argv += ["--speculative-num-draft-tokens", str(a.ngram_draft_tokens)]
     if policy == "hybrid":
-        argv += ["--speculative-num-steps", str(a.hybrid_steps)]
+        argv += ["--speculative-draft-model-path", a.hybrid_draft_model or a.draft_model,
+                 "--speculative-num-steps", str(a.hybrid_steps)]
+        if a.hybrid_max_draft:
+            env["SGLANG_HYBRID_MAX_DRAFT"] = str(a.hybrid_max_draft)
         for kv in a.hybrid_env:
             k, sep, v = kv.partition("=")
             if not sep or not k:

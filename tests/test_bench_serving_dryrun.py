@@ -14,7 +14,8 @@ SCRIPT = ROOT / "scripts" / "bench_serving.py"
 
 def _run(*extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(SCRIPT), "--dry-run", "--model", "/models/target", "--draft-model", "/models/draft",
-           "--sps-table", "/tables/sps.json", *extra]
+           "--hybrid-draft-model", "/models/eagle3", "--hybrid-max-draft", "9", "--sps-table", "/tables/sps.json",
+           *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
@@ -36,6 +37,9 @@ def test_dry_run_checks_out(good):
     assert "--max-running-requests 128" in out and "--dataset-name custom" in out and "--temperature 0" in out
     assert "rows sampled by SGLang's custom loader" in out
     assert "HYBRID_SPARK resolves through SGLang's plugin registry" in out
+    hybrid = next(line for line in out.splitlines() if "--speculative-algorithm HYBRID_SPARK" in line)
+    assert "SGLANG_HYBRID_MAX_DRAFT=9" in hybrid and "--speculative-draft-model-path /models/eagle3" in hybrid
+    assert "--speculative-dspark-sps-table-path" not in hybrid  # a fixed verify window: no budget to set
 
 
 def test_dry_run_rejects_an_unknown_server_flag(capsys):

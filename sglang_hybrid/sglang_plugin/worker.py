@@ -26,7 +26,6 @@ proposed it.
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import torch
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
@@ -38,14 +37,6 @@ from ..step import HybridStep
 from .observability import note_prefill
 
 logger = logging.getLogger("sglang_hybrid")
-
-
-def _load_sps_dense(path: Optional[str], max_tokens: int, device) -> Optional[torch.Tensor]:
-    if not path:
-        return None
-    from ..selection.sps import dense_sps, load_sps_table
-
-    return dense_sps(load_sps_table(path), max_tokens, device)
 
 
 class HybridMixin:
@@ -79,10 +70,16 @@ class HybridMixin:
         gamma = int(self.speculative_num_steps)
         window = int(self.speculative_num_draft_tokens) - 1  # > gamma: widened for long n-gram chains
         max_bs = num_slots
-        sps = _load_sps_dense(get_spec().speculative_dspark_sps_table_path, max_bs * (window + 1) + 1, self.device)
+        if get_spec().speculative_dspark_sps_table_path:
+            # An SPS budget trades verify tokens for step time; this verify runs the whole window for every
+            # request whatever is chosen, so capping verify lengths would only lose accepted tokens.
+            logger.warning(
+                "HYBRID_SPARK: --speculative-dspark-sps-table-path is ignored with an EAGLE-family draft model: "
+                "its verify window is fixed, so the batch budget never binds (each request takes its better chain)"
+            )
         self.hybrid = HybridStep(
             cfg, num_slots=num_slots, width=width, gamma=gamma, max_bs=max_bs, device=self.device,
-            calibration=self._hybrid_calib, sps_dense=sps, max_context_len=context_len, verify_window=window,
+            calibration=self._hybrid_calib, max_context_len=context_len, verify_window=window,
         )
         if window > gamma:
             from .wide_chain import reserve
@@ -94,8 +91,8 @@ class HybridMixin:
 
         install(self.hybrid)
         logger.info(
-            "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, verify window %d, n-gram %s, budget from %s",
-            num_slots, width, gamma, window, self.hybrid.ngram_cfg, "SPS table" if sps is not None else "verify width",
+            "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, verify window %d, n-gram %s",
+            num_slots, width, gamma, window, self.hybrid.ngram_cfg,
         )
 
     # -- prefill ---------------------------------------------------------------------------------------
