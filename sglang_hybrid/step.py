@@ -102,6 +102,9 @@ class HybridStep:
         self.model_cond = self.stats.model_cond  # the model chain's online per-position acceptance
         self.price = self.stats.price
         self._guard = os.environ.get("SGLANG_HYBRID_SYNC_GUARD", "") == "1"
+        self.active_window = self.width  # draft tokens of the last proposal (host int)
+        self.window_switches = 0
+        self.narrow_steps = 0  # decode steps verified with a window narrower than verify_window
         self._steps_host = 0
 
     # ---- prefill (host-driven, off the decode path) ------------------------------------------------
@@ -124,14 +127,21 @@ class HybridStep:
         return b
 
     def propose(self, slots: torch.Tensor, model_tokens: torch.Tensor,
-                model_confidence: Optional[torch.Tensor] = None) -> Proposal:
+                model_confidence: Optional[torch.Tensor] = None, window: Optional[int] = None) -> Proposal:
         """Choose, per request, the model chain ``model_tokens [bs, gamma]`` or the n-gram chain.
 
         ``model_confidence [bs, gamma]``: the drafter's per-token conditional acceptance estimates when it has
         them (DSpark's confidence head); without them (EAGLE-family chains report a constant 1.0) the online
-        per-position estimate is used.
+        per-position estimate is used. ``window``: draft tokens this step verifies (a host int, at most
+        ``verify_window``; default ``verify_window``); chains and the proposal are cut to it.
         """
         bs = model_tokens.shape[0]
+        w = self.width if window is None else min(int(window), self.width)
+        if w != self.active_window:
+            self.window_switches += 1
+            self.active_window = w
+        if w < self.width:
+            self.narrow_steps += 1
         with sync_guard(self._guard):
             draft = self.history.lookup(slots, self.ngram_cfg)
             q, ngram_surv = self.q[:bs], self.ngram_surv[:bs]
@@ -154,11 +164,11 @@ class HybridStep:
             select_chains(
                 mt, model_surv, draft.tokens, ngram_surv, ngram_len,
                 self._budget(bs), self.sps_dense, out,
-                num_iters=self.cfg.num_iters, max_verify_len=self.width, backend=self.kernel_backend,
+                num_iters=self.cfg.num_iters, max_verify_len=w, backend=self.kernel_backend,
             )
             self.price.copy_(out.price)
-            return Proposal(tokens=out.tokens[:, : self.width], verify_len=out.verify_len, choice=out.choice,
-                            survival=out.survival[:, : self.width])
+            return Proposal(tokens=out.tokens[:, :w], verify_len=out.verify_len, choice=out.choice,
+                            survival=out.survival[:, :w])
 
     def conditional_confidence(self, proposal: Proposal) -> torch.Tensor:
         """The chosen chains as per-token conditional acceptance ``[bs, width]`` (DSpark's ``confidence``).
@@ -193,6 +203,9 @@ class HybridStep:
         m["model_chain_tokens"] = self.gamma
         m["verify_window_tokens"] = self.verify_window + 1  # root included, as --speculative-num-draft-tokens
         m["ngram_chain_tokens"] = self.ngram_cfg.max_draft
+        m["active_window_tokens"] = min(self.active_window, self.verify_window) + 1  # the last step's window
+        m["window_switches"] = self.window_switches
+        m["narrow_window_steps"] = self.narrow_steps
         return m
 
     def request_metrics(self, slot: int) -> dict:

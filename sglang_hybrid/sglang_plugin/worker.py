@@ -1,6 +1,7 @@
 """The HYBRID_SPARK workers: SGLang's EAGLE V2 / stand-alone V2 workers plus the n-gram chain.
 
-Three methods of the host worker are wrapped (all declared in ``hooks.py``):
+Five methods of the host worker are wrapped (all declared in ``hooks.py``); ``init_cuda_graphs`` and
+``activate_step_by_batch`` only for ``narrow_above`` (``window_switch.py``). The other three:
 
 * ``alloc_memory_pool``: once SGLang has sized the request pool, the device state is built (one token-history
   row per request-pool slot, buffers for the largest batch).
@@ -52,6 +53,7 @@ class HybridMixin:
             CalibrationTable.load_default() if cfg.calibration == "default" else CalibrationTable.load(cfg.calibration)
         )
         self.hybrid = None
+        self._hybrid_switch = None
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         """Once SGLang has sized the request pool: build the device state (one history row per pool slot)."""
@@ -95,6 +97,21 @@ class HybridMixin:
             num_slots, width, gamma, window, self.hybrid.ngram_cfg,
         )
 
+    def init_cuda_graphs(self):
+        """After SGLang's capture: with ``narrow_above`` and a widened window, build the narrow runtime state."""
+        super().init_cuda_graphs()
+        cfg = self._hybrid_cfg
+        if cfg.narrow_above > 0 and self.speculative_num_draft_tokens > self.speculative_num_steps + 1:
+            from .window_switch import WindowSwitch
+
+            self._hybrid_switch = WindowSwitch(self, cfg.narrow_above)
+
+    def activate_step_by_batch(self, batch_size: int) -> None:
+        """SGLang's per-decode-step hook: pick the verify window for this batch size (host-side)."""
+        super().activate_step_by_batch(batch_size)
+        if self._hybrid_switch is not None:
+            self._hybrid_switch.activate(batch_size)
+
     # -- prefill ---------------------------------------------------------------------------------------
     def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
         out = super()._forward_prefill_batch(batch, on_publish, pp_proxy_tensors, coordination_plan)
@@ -121,17 +138,17 @@ class HybridMixin:
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         vi = batch.spec_info
         hy = self.hybrid
-        active = not batch.forward_mode.is_idle() and vi.topk == 1 and vi.draft_token_num == hy.verify_window + 1
+        n = vi.draft_token_num  # the verify window, root included (narrower when WindowSwitch narrowed it)
+        active = not batch.forward_mode.is_idle() and vi.topk == 1 and hy.gamma + 1 <= n <= hy.verify_window + 1
         proposal = None
         if active:
             bs = batch.req_pool_indices.shape[0]
-            n = vi.draft_token_num
             tokens = vi.draft_token.view(bs, n)
-            proposal = hy.propose(batch.req_pool_indices, tokens[:, 1 : 1 + hy.gamma])
-            tokens[:, 1 : 1 + hy.width].copy_(proposal.tokens)
+            proposal = hy.propose(batch.req_pool_indices, tokens[:, 1 : 1 + hy.gamma], window=n - 1)
+            tokens[:, 1 : 1 + proposal.tokens.shape[1]].copy_(proposal.tokens)
             # Cap each request's acceptance at its verify length: unlink the chain after node verify_len.
-            unlink = self._hybrid_unlink[:bs]
-            torch.ge(self._hybrid_cols, proposal.verify_len.view(-1, 1), out=unlink)
+            unlink = self._hybrid_unlink[:bs, :n]
+            torch.ge(self._hybrid_cols[:, :n], proposal.verify_len.view(-1, 1), out=unlink)
             vi.retrieve_next_token.masked_fill_(unlink, -1)
         out = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
         if proposal is not None:

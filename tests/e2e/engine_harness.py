@@ -150,6 +150,15 @@ register_config(
     )
 )
 
+# The same wide window for batches of up to 2 requests, SGLang's steps + 1 above (WindowSwitch).
+register_config(
+    EngineConfig(
+        "hybrid_spark_switch", algorithm="HYBRID_SPARK", draft="standalone",
+        engine_kwargs=(("speculative_num_steps", 2), ("speculative_num_draft_tokens", None)),
+        env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_NARROW_ABOVE", "2")),
+    )
+)
+
 LOSSLESS_SPEC_CONFIGS: List[str] = [
     "standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3", "hybrid_spark_wide",
 ]

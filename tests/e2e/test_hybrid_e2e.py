@@ -58,3 +58,19 @@ def test_ngram_chain_is_chosen_on_repeats_and_accepts_several_tokens(engine_pool
         assert accepted / ngram_steps > steps, per_req
         assert server["proposed_ngram"] > steps * server["ngram_chosen"], server
         assert (server["model_chain_tokens"], server["verify_window_tokens"]) == (steps, 8), server
+
+
+def test_window_narrows_above_the_batch_threshold_and_stays_lossless(engine_pool, prompts, hf_reference):
+    """hybrid_spark_switch: window 8 while at most 2 requests run, 3 (steps + 1) above, chosen every step."""
+    engine = engine_pool.get("hybrid_spark_switch")
+    narrow = []
+    for bs in (1, 4, 2, 6):
+        rows = list(range(bs))
+        sps = [{"temperature": 0, "max_new_tokens": 24, "ignore_eos": True} for _ in rows]
+        outputs = engine.generate([prompts[i] for i in rows], sps)
+        check_greedy(outputs, [hf_reference[i] for i in rows], sps)
+        server = engine.server_info()["internal_states"][0]["hybrid_spark"]
+        narrow.append(server["narrow_window_steps"])
+    # Batches of 1 and 2 never narrow; batches of 4 and 6 start narrow (and widen again as requests finish).
+    assert narrow[0] == 0 and narrow[1] > 0 and narrow[2] == narrow[1] and narrow[3] > narrow[2], narrow
+    assert server["window_switches"] >= 4 and server["verify_window_tokens"] == 8, server
