@@ -28,6 +28,7 @@ def test_env_overrides_file(tmp_path):
         ({"SGLANG_HYBRID_N_MIN": "5", "SGLANG_HYBRID_N_MAX": "3"}, "'n_max'"),
         ({"SGLANG_HYBRID_MAX_DRAFT": "-1"}, "'max_draft'"),
         ({"SGLANG_HYBRID_MAX_DRAFT": "65"}, "'max_draft'"),
+        ({"SGLANG_HYBRID_NARROW_ABOVE": "-2"}, "'narrow_above'"),
         ({"SGLANG_HYBRID_ENABLE_NGRAM": "maybe"}, "'enable_ngram'"),
         ({"SGLANG_HYBRID_ENABLE_NGRAM": "0", "SGLANG_HYBRID_ENABLE_MODEL": "false"}, "both be false"),
         ({"SGLANG_HYBRID_DRAFT_KIND": "medusa"}, "'draft_kind'"),
