@@ -15,7 +15,7 @@
 #                   import sglang are not run when sglang is absent, files without kernel_device are not run
 #                   (their CPU tensors cannot go through compiled Triton): both are printed
 #   e2e             scripts/gpu_e2e_check.py: tiny-model SGLang launches, HYBRID_SPARK greedy output (verify
-#                   windows 4 and 9) ==
+#                   windows 4, 9, and 9 narrowed above bs 2) ==
 #                   plain decoding; prints "skipped: sglang not installed" and passes where sglang is absent
 #   bench_ngram     scripts/bench_ngram.py on CUDA, bs {1,4,32,128} x history {1k,8k,32k,128k}, torch and
 #                   Triton; then the Triton column again as CUDA-graph replays (bench_ngram_graph)

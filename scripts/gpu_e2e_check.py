@@ -5,7 +5,7 @@ Builds the tiny deterministic models of ``tests/e2e/tiny_models.py`` (a 2-layer 
 stand-alone draft, random but structured weights, built locally: nothing is downloaded), then starts one
 ``sglang.Engine`` for plain decoding and two with ``--speculative-algorithm HYBRID_SPARK`` (stand-alone draft
 model plus the n-gram drafter; verify windows 4 and 9, the second with n-gram chains past the 3-token model
-chain), each in its own subprocess, decodes the same prompts greedily (some with
+chain, then 9 narrowed to 4 while more than 2 requests run), each in its own subprocess, decodes the same prompts greedily (some with
 repeated spans, so the n-gram chain gets chosen) and compares the output token ids exactly.
 
 Where SGLang is not importable (the lent GPU machine has none) it prints ``skipped: sglang not installed`` and
@@ -76,8 +76,14 @@ def _engine_kwargs(device: str, models: Any, algorithm: str | None, dtype: str, 
     return kw
 
 
-# (name, algorithm, verify window): plain, HYBRID_SPARK with SGLang's window, and a window widened to 9.
-RUNS = (("plain", None, 4), ("hybrid_spark", "HYBRID_SPARK", 4), ("hybrid_spark_wide", "HYBRID_SPARK", 9))
+# (name, algorithm, verify window, plugin env): plain, HYBRID_SPARK with SGLang's window, a window widened to 9,
+# and the widened window narrowed to 4 while more than 2 requests run (the 6 prompts start narrow, widen later).
+RUNS = (
+    ("plain", None, 4, {}),
+    ("hybrid_spark", "HYBRID_SPARK", 4, {}),
+    ("hybrid_spark_wide", "HYBRID_SPARK", 9, {}),
+    ("hybrid_spark_switch", "HYBRID_SPARK", 9, {"SGLANG_HYBRID_NARROW_ABOVE": "2"}),
+)
 
 
 def _child_env(device: str) -> Dict[str, str]:
@@ -144,7 +150,7 @@ def _launch(name: str, spec: Dict[str, Any], tmp: str, timeout_s: float) -> Dict
     print(f"[{name}] starting engine: {json.dumps({k: v for k, v in spec['kwargs'].items() if k != 'model_path'})}",
           flush=True)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=_child_env(spec["device"]), timeout=timeout_s, cwd=ROOT)
+    p = subprocess.run(cmd, env={**_child_env(spec["device"]), **spec.get("env", {})}, timeout=timeout_s, cwd=ROOT)
     if p.returncode != 0 or not os.path.isfile(out_file):
         raise RuntimeError(f"[{name}] engine run failed (exit {p.returncode}); see its output above")
     with open(out_file) as f:
@@ -199,9 +205,9 @@ def main(argv: List[str] | None = None) -> int:
               f"{[len(x) for x in prompts]} tokens, {args.max_new_tokens} new tokens each, greedy", flush=True)
         results = {}
         try:
-            for name, algo, window in RUNS:
+            for name, algo, window, env in RUNS:
                 spec = dict(device=args.device, prompts=prompts, max_new_tokens=args.max_new_tokens,
-                            kwargs=_engine_kwargs(args.device, models, algo, args.dtype, window))
+                            kwargs=_engine_kwargs(args.device, models, algo, args.dtype, window), env=env)
                 results[name] = _launch(name, spec, tmp, args.timeout)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print(f"gpu_e2e_check: SET-UP ERROR: {e}")
@@ -224,7 +230,8 @@ def main(argv: List[str] | None = None) -> int:
         print(f"gpu_e2e_check: FAILED: {bad} greedy outputs differ between HYBRID_SPARK and plain")
         return 1
     steps = {r[0]: results[r[0]]["tokens_per_step"] for r in RUNS[1:]}
-    print(f"gpu_e2e_check: ok: HYBRID_SPARK greedy outputs (windows 4 and 9) equal plain decoding on all "
+    print(f"gpu_e2e_check: ok: HYBRID_SPARK greedy outputs (windows 4, 9, and 9 narrowed to 4 above bs 2) equal "
+          "plain decoding on all "
           f"{len(plain)} prompts ({sum(len(x) for x in plain)} tokens; tokens per verify step {steps})")
     return 0
 
