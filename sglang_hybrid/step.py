@@ -102,7 +102,7 @@ class HybridStep:
         self.model_cond = self.stats.model_cond  # the model chain's online per-position acceptance
         self.price = self.stats.price
         self._guard = os.environ.get("SGLANG_HYBRID_SYNC_GUARD", "") == "1"
-        self.active_window = self.width  # draft tokens of the last proposal (host int)
+        self.active_window = self.verify_window  # the last step's verify window, root excluded (host int)
         self.window_switches = 0
         self.narrow_steps = 0  # decode steps verified with a window narrower than verify_window
         self._steps_host = 0
@@ -136,11 +136,12 @@ class HybridStep:
         ``verify_window``; default ``verify_window``); chains and the proposal are cut to it.
         """
         bs = model_tokens.shape[0]
-        w = self.width if window is None else min(int(window), self.width)
-        if w != self.active_window:
+        win = self.verify_window if window is None else int(window)
+        w = min(win, self.width)
+        if win != self.active_window:
             self.window_switches += 1
-            self.active_window = w
-        if w < self.width:
+            self.active_window = win
+        if win < self.verify_window:
             self.narrow_steps += 1
         with sync_guard(self._guard):
             draft = self.history.lookup(slots, self.ngram_cfg)
@@ -203,7 +204,7 @@ class HybridStep:
         m["model_chain_tokens"] = self.gamma
         m["verify_window_tokens"] = self.verify_window + 1  # root included, as --speculative-num-draft-tokens
         m["ngram_chain_tokens"] = self.ngram_cfg.max_draft
-        m["active_window_tokens"] = min(self.active_window, self.verify_window) + 1  # the last step's window
+        m["active_window_tokens"] = self.active_window + 1  # the last step's window, root included
         m["window_switches"] = self.window_switches
         m["narrow_window_steps"] = self.narrow_steps
         return m

@@ -209,3 +209,21 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     assert sum(e.name == "hybrid_kernel" for e in events) == 8  # 2 x (lookup, calibration, selection, append)
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
+
+
+def test_a_narrower_step_window_cuts_the_chains_and_is_counted():
+    step = _wide_step(10, model_prior=0.3)
+    slots = torch.tensor([3])
+    copy = list(range(10, 30))
+    _prefill(step, slots, [copy + [50, 51] + copy[:4]])
+    model = torch.tensor([[90, 91, 92, 93]], dtype=torch.int32)
+    wide = step.propose(slots, model)
+    assert wide.tokens.shape == (1, 10) and int(wide.verify_len[0]) > GAMMA
+    narrow = step.propose(slots, model, window=GAMMA)  # the step's verify window was narrowed to gamma
+    assert narrow.tokens.shape == (1, GAMMA) and int(narrow.verify_len[0]) <= GAMMA
+    assert narrow.tokens[0].tolist() == copy[4:8]  # still the n-gram chain, cut to the window
+    m = step.metrics()
+    assert (m["active_window_tokens"], m["window_switches"], m["narrow_window_steps"]) == (GAMMA + 1, 1, 1)
+    step.propose(slots, model, window=10)
+    m = step.metrics()
+    assert (m["active_window_tokens"], m["window_switches"], m["narrow_window_steps"]) == (11, 2, 1)
