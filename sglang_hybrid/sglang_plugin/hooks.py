@@ -97,6 +97,8 @@ HOST_ATTRS: tuple[HostAttr, ...] = (
     HostAttr(f"{_W2}:Backend.DISABLED"),
     HostAttr("sglang.srt.runtime_context:max_speculative_num_draft_tokens", (),
              "the scheduler reserves KV for the widest window, so a batch may switch state after scheduling"),
+    HostAttr(f"{_REG}:CustomSpecAlgo.resolve_max_speculative_num_draft_tokens", ("self", "server_args"),
+             "returns the start-up (widest) window, which WindowSwitch never exceeds"),
     # Fields of the verify input we rewrite (dataclass fields; existence checked on the class annotations).
     HostAttr("sglang.srt.speculative.eagle_info:EagleVerifyInput.__dataclass_fields__"),
     # Runtime config bags read by the worker.
