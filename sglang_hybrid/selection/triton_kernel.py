@@ -114,6 +114,22 @@ def _keep(obj, k, counts, choice, b_obj, b_k, b_counts, b_choice):
             tl.where(better, choice, b_choice))
 
 
+@triton.jit
+def _try_price(lam, m_q, m_ok, n_q, n_ok, skey, s_ok, s_req, s_chain, s_q, m_key, n_key, budget_ptr, sps_ptr, bs,
+               b_obj, b_k, b_counts, b_choice, USE_BUDGET: tl.constexpr, N2: tl.constexpr, QS: tl.constexpr):
+    """The choices at price ``lam`` and one grid step below, each allocated and kept if better than the best so
+    far; also returns the K of the better of the two (the next price iteration's budget)."""
+    c1 = _choose(m_q, m_ok, n_q, n_ok, lam)
+    o1, k1, n1 = _allocate(c1, skey, s_ok, s_req, s_chain, s_q, m_key, m_ok, n_key, n_ok,
+                           budget_ptr, sps_ptr, bs, USE_BUDGET, N2, QS)
+    b_obj, b_k, b_counts, b_choice = _keep(o1, k1, n1, c1, b_obj, b_k, b_counts, b_choice)
+    c2 = _choose(m_q, m_ok, n_q, n_ok, tl.maximum(lam - 1, 0))
+    o2, k2, n2 = _allocate(c2, skey, s_ok, s_req, s_chain, s_q, m_key, m_ok, n_key, n_ok,
+                           budget_ptr, sps_ptr, bs, USE_BUDGET, N2, QS)
+    b_obj, b_k, b_counts, b_choice = _keep(o2, k2, n2, c2, b_obj, b_k, b_counts, b_choice)
+    return b_obj, b_k, b_counts, b_choice, tl.where(o2 > o1, k2, k1)
+
+
 @triton.jit(do_not_specialize=["bs", "G", "L", "W", "mvl", "eps", "num_iters"])
 def _select_chains_kernel(
     mt_ptr, ms_ptr, nt_ptr, ns_ptr, nlen_ptr, budget_ptr, sps_ptr,
@@ -168,25 +184,14 @@ def _select_chains_kernel(
         if not USE_BUDGET:
             for _ in range(num_iters):
                 lam = _dual_price(m_q, m_ok, n_q, n_ok, k, QS, QS_LOG2)
-                c1 = _choose(m_q, m_ok, n_q, n_ok, lam)
-                o1, k1, n1 = _allocate(c1, skey, s_ok, s_req, s_chain, s_q, m_key, m_ok, n_key, n_ok,
-                                       budget_ptr, sps_ptr, bs, USE_BUDGET, N2, QS)
-                b_obj, b_k, b_counts, b_choice = _keep(o1, k1, n1, c1, b_obj, b_k, b_counts, b_choice)
-                c2 = _choose(m_q, m_ok, n_q, n_ok, tl.maximum(lam - 1, 0))
-                o2, k2, n2 = _allocate(c2, skey, s_ok, s_req, s_chain, s_q, m_key, m_ok, n_key, n_ok,
-                                       budget_ptr, sps_ptr, bs, USE_BUDGET, N2, QS)
-                b_obj, b_k, b_counts, b_choice = _keep(o2, k2, n2, c2, b_obj, b_k, b_counts, b_choice)
-                k = tl.where(o2 > o1, k2, k1)
+                b_obj, b_k, b_counts, b_choice, k = _try_price(
+                    lam, m_q, m_ok, n_q, n_ok, skey, s_ok, s_req, s_chain, s_q, m_key, n_key, budget_ptr, sps_ptr,
+                    bs, b_obj, b_k, b_counts, b_choice, USE_BUDGET, N2, QS)
     if USE_BUDGET:
         lam = _dual_price(m_q, m_ok, n_q, n_ok, tl.maximum(tl.load(budget_ptr), 0), QS, QS_LOG2)
-        c1 = _choose(m_q, m_ok, n_q, n_ok, lam)
-        o1, k1, n1 = _allocate(c1, skey, s_ok, s_req, s_chain, s_q, m_key, m_ok, n_key, n_ok,
-                               budget_ptr, sps_ptr, bs, USE_BUDGET, N2, QS)
-        b_obj, b_k, b_counts, b_choice = _keep(o1, k1, n1, c1, b_obj, b_k, b_counts, b_choice)
-        c2 = _choose(m_q, m_ok, n_q, n_ok, tl.maximum(lam - 1, 0))
-        o2, k2, n2 = _allocate(c2, skey, s_ok, s_req, s_chain, s_q, m_key, m_ok, n_key, n_ok,
-                               budget_ptr, sps_ptr, bs, USE_BUDGET, N2, QS)
-        b_obj, b_k, b_counts, b_choice = _keep(o2, k2, n2, c2, b_obj, b_k, b_counts, b_choice)
+        b_obj, b_k, b_counts, b_choice, _k = _try_price(
+            lam, m_q, m_ok, n_q, n_ok, skey, s_ok, s_req, s_chain, s_q, m_key, n_key, budget_ptr, sps_ptr,
+            bs, b_obj, b_k, b_counts, b_choice, USE_BUDGET, N2, QS)
     price = _dual_price(m_q, m_ok, n_q, n_ok, b_k, QS, QS_LOG2).to(tl.float32) * (1.0 / QS)
 
     c = b_choice[:, None] != 0
