@@ -41,9 +41,12 @@ class StepStats:
         self.price = torch.zeros(1, dtype=torch.float32, **kw)
         self.slot_stats = torch.zeros(num_slots, len(SLOT_STAT_NAMES), dtype=torch.int64, **kw)
         pin = device.type == "cuda"
-        self._host_counters = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, pin_memory=pin)
+        # Staged for the host: the counters, the price, the most drafts accepted by one request in one step.
+        self._host_counters = torch.zeros(len(COUNTER_NAMES) + 2, dtype=torch.float64, pin_memory=pin)
         self._host_slot_stats = torch.zeros(num_slots, len(SLOT_STAT_NAMES), dtype=torch.int64, pin_memory=pin)
-        self._stage = torch.zeros(len(COUNTER_NAMES) + 1, dtype=torch.float64, **kw)
+        self._stage = torch.zeros(len(COUNTER_NAMES) + 2, dtype=torch.float64, **kw)
+        self.max_accepted = torch.zeros(1, dtype=torch.int64, **kw)
+        self._step_max = torch.zeros(1, dtype=torch.int64, **kw)
         # Scratch.
         self._acc = torch.zeros(max_bs, dtype=torch.int64, **kw)
         self._vlen = torch.zeros(max_bs, dtype=torch.int64, **kw)
@@ -97,10 +100,14 @@ class StepStats:
         self.counters.index_add_(0, self._sum_idx, self._sums)
         self.counters[C_STEPS : C_STEPS + 1].add_(self._one)
         self.slot_stats.index_add_(0, slots, pr[:, : len(SLOT_STAT_NAMES)])
+        torch.amax(acc, 0, keepdim=True, out=self._step_max)
+        torch.maximum(self.max_accepted, self._step_max, out=self.max_accepted)
         # Asynchronous device-to-host copies: the host reads them later, one step stale at most.
         self._host_slot_stats.copy_(self.slot_stats, non_blocking=True)
-        self._stage[:-1].copy_(self.counters)
-        self._stage[-1:].copy_(self.price)
+        n = len(COUNTER_NAMES)
+        self._stage[:n].copy_(self.counters)
+        self._stage[n : n + 1].copy_(self.price)
+        self._stage[n + 1 :].copy_(self.max_accepted)
         self._host_counters.copy_(self._stage, non_blocking=True)
 
     def _refit(self, acc: torch.Tensor, vlen: torch.Tensor, is_m: torch.Tensor) -> None:
@@ -128,8 +135,10 @@ class StepStats:
     # ---- host side (never waits on the device) --------------------------------------------------------
     def metrics(self) -> dict:
         v = self._host_counters.tolist()
-        m = dict(zip(COUNTER_NAMES, (int(x) for x in v[:-1])))
-        m["price"] = float(v[-1])
+        n = len(COUNTER_NAMES)
+        m = dict(zip(COUNTER_NAMES, (int(x) for x in v[:n])))
+        m["price"] = float(v[n])
+        m["max_accepted_drafts_in_step"] = int(v[n + 1])
         rs = max(m["request_steps"], 1)
         m["ngram_win_rate"] = m["ngram_chosen"] / rs
         m["mean_accept_length"] = 1.0 + (m["accepted_model"] + m["accepted_ngram"]) / rs

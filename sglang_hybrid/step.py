@@ -97,6 +97,16 @@ class HybridStep:
         self._budgets: dict[int, torch.Tensor] = {}
         self._cond_surv = torch.zeros(gamma, dtype=torch.float32, device=self.device)
         self._no_ngram = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+        # planner_confidence scratch (DSpark worker); G <= the verify window.
+        g_max = max(window, L)
+        self._ng_conf = torch.zeros(max_bs, g_max, dtype=torch.float32, device=self.device)
+        self._ng_prev = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
+        self._model_conf = torch.zeros(max_bs, g_max, dtype=torch.float32, device=self.device)
+        self._in_chain = torch.zeros(max_bs, g_max, dtype=torch.bool, device=self.device)
+        self._is_ng = torch.zeros(max_bs, dtype=torch.bool, device=self.device)
+        self._cols = torch.arange(g_max, dtype=torch.int32, device=self.device).view(1, -1)
+        self._one_i32 = torch.ones((), dtype=torch.int32, device=self.device)
+        self._ngram_len = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         self.stats = StepStats(num_slots=num_slots, max_bs=max_bs, gamma=gamma, model_prior=cfg.model_prior,
                                model_ema=cfg.model_ema, device=self.device)
         self.model_cond = self.stats.model_cond  # the model chain's online per-position acceptance
@@ -159,6 +169,7 @@ class HybridStep:
                 model_surv.zero_()
             if not self.cfg.enable_ngram:
                 ngram_len = self._no_ngram[:bs]
+            self._ngram_len[:bs].copy_(ngram_len)
             mt = self.model_tokens[:bs]
             mt.copy_(model_tokens)
             out = self.sel.view(bs)
@@ -187,14 +198,50 @@ class HybridStep:
             torch.div(s, prev.clamp_(min=1e-12), out=out)
             return out.clamp_(0.0, 1.0)
 
+    def planner_confidence(self, proposal: Proposal, model_confidence: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Per-token conditional confidence of each request's chosen chain, for a DSpark-style planner.
+
+        ``model_confidence [bs, G]``: the drafter's own confidences (G >= gamma columns; columns past gamma are
+        not the model chain and read as 0). A request on the model chain keeps them unchanged, so with no n-gram
+        chain chosen the planner sees exactly what it would without Hybrid Spark; a request on the n-gram chain
+        gets its calibrated per-token acceptance ``q_j`` up to the chain's length, 0 past it. Writes ``out
+        [bs, G]`` (a preallocated buffer) and returns it. The planner's budget and top-K allocation then run
+        unchanged over the chosen chains.
+        """
+        bs, g = model_confidence.shape
+        w = min(g, self.ngram_cfg.max_draft)
+        with sync_guard(self._guard):
+            ng = self._ng_conf[:bs, :g]
+            ng.zero_()
+            surv = self.ngram_surv[:bs, :w]
+            prev = self._ng_prev[:bs, :w]
+            prev[:, :1].fill_(1.0)
+            prev[:, 1:].copy_(surv[:, :-1])
+            torch.div(surv, prev.clamp_(min=1e-12), out=ng[:, :w])
+            ng.clamp_(0.0, 1.0)
+            torch.lt(self._cols[:, :g], self._ngram_len[:bs].view(-1, 1), out=self._in_chain[:bs, :g])
+            ng.mul_(self._in_chain[:bs, :g])
+            mc = self._model_conf[:bs, :g]
+            mc.copy_(model_confidence)
+            if g > self.gamma:
+                mc[:, self.gamma:].zero_()
+            is_ng = self._is_ng[:bs].view(-1, 1)
+            torch.eq(proposal.choice.view(-1, 1), self._one_i32, out=is_ng)
+            torch.where(is_ng, ng, mc, out=out)
+            return out
+
     def record(self, slots: torch.Tensor, proposal: Proposal, committed: torch.Tensor,
-               accept_lens: torch.Tensor) -> None:
-        """After verify: append ``committed[b, :accept_lens[b]]`` (accepted drafts + bonus) and update stats."""
+               accept_lens: torch.Tensor, verified_len: Optional[torch.Tensor] = None) -> None:
+        """After verify: append ``committed[b, :accept_lens[b]]`` (accepted drafts + bonus) and update stats.
+
+        ``verified_len [bs]``: the draft tokens the target really verified per request when a planner other than
+        the selection set them (DSpark's ragged layout); default ``proposal.verify_len``."""
         with sync_guard(self._guard):
             if committed.dtype != torch.int32:  # host-known dtype; SGLang's verify already yields int32
                 committed = committed.to(torch.int32)
             self.history.append(slots, committed, accept_lens)
-            self.stats.update(slots, proposal.verify_len, proposal.choice, accept_lens)
+            vlen = proposal.verify_len if verified_len is None else verified_len
+            self.stats.update(slots, vlen, proposal.choice, accept_lens)
         self._steps_host += 1
 
     # ---- metrics (host side, never waits on the device) --------------------------------------------

@@ -42,12 +42,19 @@ SCRIPT = textwrap.dedent(
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cfgs")
     dirs = {}
-    for name, archs in (("target", ["LlamaForCausalLM"]), ("draft", ["LlamaForCausalLM"]),
-                        ("eagle3", ["LlamaForCausalLMEagle3"]), ("dspark", ["DSparkDraftModel"])):
+    dspark = dict(block_size=3, dflash_config={"target_layer_ids": [0], "mask_token_id": 2, "block_size": 3})
+    for name, archs, extra in (
+        ("target", ["LlamaForCausalLM"], {}), ("draft", ["LlamaForCausalLM"], {}),
+        ("eagle3", ["LlamaForCausalLMEagle3"], {}), ("dspark", ["DSparkDraftModel"], dspark),
+        ("dspark_v600", ["DSparkDraftModel"], dict(dspark, vocab_size=600)),
+    ):
         d = root / name
         d.mkdir()
-        (d / "config.json").write_text(json.dumps(dict(_LLAMA, architectures=archs)))
+        (d / "config.json").write_text(json.dumps(dict(_LLAMA, architectures=archs, **extra)))
         dirs[name] = str(d)
+    bad = root / "bad_sps.json"
+    bad.write_text('{"sample_batch_tokens": [4, 2], "sample_steps_per_sec": [1.0, 0.5], "max_batch_tokens": 8}')
+    dirs["bad_sps"] = str(bad)
     return dirs
 
 
@@ -115,4 +122,32 @@ def test_draft_kind_is_detected_from_the_draft_config(model_dirs):
     res, out = _run(_base(model_dirs, "eagle3"))
     assert res is not None and "eagle3 draft model" in out, out[-2000:]
     res, out = _run(_base(model_dirs, "dspark"))
-    assert res is None and "DSpark draft model is not supported" in out
+    assert res is not None and "DSpark draft model, block 3, verify window 4" in out, out[-2000:]
+
+
+def test_dspark_draft_resolves_what_sglangs_dspark_sets(model_dirs):
+    """One draft step, topk 1, verify window gamma + 1 (max(gamma, max_draft) + 1 when max_draft widens it)."""
+    res, out = _run(_base(model_dirs, "dspark") + ["--speculative-num-steps", "5"])
+    assert res is not None, out[-2000:]
+    assert (res["speculative_num_steps"], res["speculative_eagle_topk"], res["speculative_num_draft_tokens"]) == (1, 1, 4)
+    assert res["max_running_requests"] == 48 and res["enable_mixed_chunk"] is False
+    res, out = _run(_base(model_dirs, "dspark"), {"SGLANG_HYBRID_MAX_DRAFT": "8"})
+    assert res is not None and res["speculative_num_draft_tokens"] == 9, out[-2000:]
+
+
+@pytest.mark.parametrize(
+    "draft, args, env, needle",
+    [
+        ("dspark_v600", [], {}, "the DSpark draft's vocab_size (600) differs from the target's (512"),
+        ("dspark", ["--speculative-dspark-sps-table-path", "BAD_SPS"], {}, "--speculative-dspark-sps-table-path"),
+        ("dspark", [], {"SGLANG_HYBRID_MAX_DRAFT": "2"}, "'max_draft' (2) is below the DSpark block size gamma (3)"),
+        ("dspark", ["--speculative-num-draft-tokens", "3"], {}, "--speculative-num-draft-tokens (3) is below"),
+    ],
+)
+def test_bad_dspark_configuration_fails_at_startup_naming_the_option(model_dirs, draft, args, env, needle):
+    args = [model_dirs["bad_sps"] if a == "BAD_SPS" else a for a in args]
+    res, out = _run(_base(model_dirs, draft) + args, env)
+    assert res is None
+    assert needle in out, out[-2000:]
+    if "sps" in needle:
+        assert "strictly increasing" in out

@@ -4,7 +4,9 @@ SGLang 0.5.23's ``CustomSpecAlgo`` lacks several methods the scheduler calls on 
 (``create_future_map``, ``need_topk``, ``carries_draft_hidden_states``, ``get_platform_worker_cls``,
 ``build_disagg_draft_input``); this class supplies them and joins the built-in EAGLE-family branches
 according to the draft model: ``is_eagle()``/``is_eagle3()`` for an EAGLE / EAGLE-3 head, ``is_standalone()``
-for a small stand-alone draft model.
+for a small stand-alone draft model, ``is_dspark()``/``is_dflash_family()`` for a DSpark block drafter (these
+switch on the target's hidden-state capture, the draft logits rows, the confidence relay of the overlap scheduler
+and the ragged-verify graphs, as for SGLang's own DSPARK).
 
 The draft kind is resolved once in the launching process (``handle_server_args``) and handed to the spawned
 scheduler processes through the environment variable ``SGLANG_HYBRID_RESOLVED_DRAFT_KIND``.
@@ -25,7 +27,7 @@ logger = logging.getLogger("sglang_hybrid")
 
 ALGO_NAME = "HYBRID_SPARK"
 RESOLVED_KIND_ENV = "SGLANG_HYBRID_RESOLVED_DRAFT_KIND"
-SUPPORTED_KINDS = ("eagle", "eagle3", "standalone")
+SUPPORTED_KINDS = ("eagle", "eagle3", "standalone", "dspark")
 DEFAULT_NUM_STEPS = 3
 
 
@@ -60,11 +62,6 @@ def detect_draft_kind(draft_model_path: Optional[str]) -> str:
 def validate_and_resolve(args: Any, cfg: HybridConfig) -> str:
     """Check the server arguments HYBRID_SPARK cannot run with; return the resolved draft kind."""
     kind = cfg.draft_kind if cfg.draft_kind != "auto" else detect_draft_kind(args.speculative_draft_model_path)
-    if kind == "dspark":
-        raise HybridConfigError(
-            f"{ALGO_NAME}: a DSpark draft model is not supported by this version of sglang-hybrid yet "
-            "(the DSpark-based worker is not built); use an EAGLE, EAGLE-3 or stand-alone draft model"
-        )
     if kind not in SUPPORTED_KINDS:
         raise HybridConfigError(f"{ALGO_NAME}: unsupported draft kind {kind!r}")
     topk = getattr(args, "speculative_eagle_topk", None)
@@ -83,6 +80,8 @@ def validate_and_resolve(args: Any, cfg: HybridConfig) -> str:
         raise HybridConfigError(f"{ALGO_NAME} does not support --speculative-adaptive")
     if getattr(args, "enable_multi_layer_eagle", False):
         raise HybridConfigError(f"{ALGO_NAME} does not support --enable-multi-layer-eagle")
+    if kind == "dspark":
+        return kind  # the window and block checks: dspark_args.resolve_dspark_args
     steps = getattr(args, "speculative_num_steps", None)
     steps = DEFAULT_NUM_STEPS if steps is None else steps
     n_tokens = getattr(args, "speculative_num_draft_tokens", None)
@@ -115,7 +114,7 @@ def verify_window(steps: int, n_tokens: Optional[int], cfg: HybridConfig) -> int
 
 
 class HybridSparkAlgo(CustomSpecAlgo):
-    """The HYBRID_SPARK algorithm: an EAGLE-family chain drafter plus the on-device n-gram drafter."""
+    """The HYBRID_SPARK algorithm: a DSpark or EAGLE-family drafter plus the on-device n-gram drafter."""
 
     def _kind(self) -> str:
         kind = getattr(self, "_resolved_kind", None) or os.environ.get(RESOLVED_KIND_ENV)
@@ -132,6 +131,27 @@ class HybridSparkAlgo(CustomSpecAlgo):
     def is_eagle(self) -> bool:
         return self._kind() in ("eagle", "eagle3")
 
+    def is_dspark(self) -> bool:
+        return self._kind() == "dspark"
+
+    def is_dflash_family(self) -> bool:
+        return self.is_dspark()
+
+    def supports_ragged_verify(self) -> bool:
+        return self.is_dspark()
+
+    def supports_target_verify_for_draft(self) -> bool:
+        return self.is_dspark()
+
+    def supports_prefill_shared_read_done(self) -> bool:
+        # DSpark injects the draft KV after the target prefill, on locations computed before it (as DSPARK).
+        return self.is_dspark()
+
+    def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
+        if self.is_dspark() and is_draft_worker:
+            return num_draft_tokens - 1
+        return num_draft_tokens
+
     def is_eagle3(self) -> bool:
         return self._kind() == "eagle3"
 
@@ -139,7 +159,7 @@ class HybridSparkAlgo(CustomSpecAlgo):
         return self._kind() == "standalone"
 
     def need_topk(self) -> bool:
-        return True
+        return not self.is_dspark()
 
     def carries_draft_hidden_states(self) -> bool:
         return self.is_eagle()
@@ -172,6 +192,15 @@ class HybridSparkAlgo(CustomSpecAlgo):
         kind = validate_and_resolve(server_args, cfg)
         self._resolved_kind = kind
         os.environ[RESOLVED_KIND_ENV] = kind  # inherited by the spawned scheduler processes
+        if kind == "dspark":
+            from .dspark_args import resolve_dspark_args
+
+            gamma = resolve_dspark_args(server_args, cfg)
+            logger.info(
+                "%s: DSpark draft model, block %d, verify window %d, options %s",
+                ALGO_NAME, gamma, server_args.speculative_num_draft_tokens, cfg.to_dict(),
+            )
+            return
         steps = server_args.speculative_num_steps
         if steps is None:
             steps = DEFAULT_NUM_STEPS
@@ -189,9 +218,13 @@ class HybridSparkAlgo(CustomSpecAlgo):
 
 def worker_factory(server_args) -> type:
     """SGLang asks the registered factory for the worker class."""
-    from .worker import HybridEagleWorker, HybridStandaloneWorker
-
     algo_kind = os.environ.get(RESOLVED_KIND_ENV)
     if algo_kind is None:
         algo_kind = validate_and_resolve(server_args, HybridConfig.from_env())
+    if algo_kind == "dspark":
+        from .dspark_worker import HybridDSparkWorker
+
+        return HybridDSparkWorker
+    from .worker import HybridEagleWorker, HybridStandaloneWorker
+
     return HybridStandaloneWorker if algo_kind == "standalone" else HybridEagleWorker

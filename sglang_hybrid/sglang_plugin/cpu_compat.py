@@ -45,6 +45,26 @@ be given), and wraps ``_verify_uses_greedy`` (an ``AROUND`` hook) so that it is 
 Still unsupported on CPU after this: ``top_k`` / ``top_p`` in speculative sampling (SGLang's
 ``top_k_renorm_prob`` / ``top_p_renorm_prob`` are None on CPU) and ``--speculative-use-rejection-sampling``
 (a Triton kernel; it runs only under ``TRITON_INTERPRET=1``).
+
+Fixes 3-5: SGLang's DSPARK (and HYBRID_SPARK on a DSpark draft) on CPU
+-----------------------------------------------------------------------
+Measured in ``shared/design/dspark-on-cpu.md``; each is inert off CPU.
+
+3. ``arg_groups/speculative_hook.py: _handle_dspark`` refuses any device but cuda/npu/xpu. The AROUND hook
+   :func:`_handle_dspark_cpu` runs it with a view of the server arguments that reports ``device == "cuda"``
+   (only ``device`` is rewritten, only while the original runs, only when the device is ``cpu``). Only the
+   built-in ``DSPARK`` reaches ``_handle_dspark`` (a registered algorithm goes through its own
+   ``handle_server_args``): this lets the CPU suite run built-in DSPARK as the baseline.
+4. ``DSparkWorkerV2._forward_decode`` calls ``batch.seq_lens.record_stream(...)``, which raises
+   ``RuntimeError: unknown parameter type`` for a CPU tensor. :func:`_record_stream_cpu_noop` makes
+   ``torch.Tensor.record_stream`` a no-op for CPU tensors (there is no allocator stream to record on CPU) and
+   calls the original for every other tensor.
+5. ``layers/attention/triton_backend.py: TritonAttnBackend.init_forward_metadata`` builds a uniform
+   ``qo_indptr`` (``num_tokens_per_req`` per request) for ``TARGET_VERIFY`` and ignores
+   ``spec_info.ragged_verify_layout``; DSpark's ``compact`` verify packs only ``sum(verify_lens)`` rows, so the
+   interpreted attention read past its rows. :func:`_triton_ragged_verify_hook` sets
+   ``forward_metadata.qo_indptr`` from the layout's device ``qo_indptr`` for a target verify that carries a
+   layout, on a CPU backend only.
 """
 
 from __future__ import annotations
@@ -61,6 +81,8 @@ TREE_MASK_TARGET = "sglang.srt.speculative.eagle_utils.default_tree_mask_mode"
 VERIFY_GREEDY_TARGET = "sglang.srt.speculative.eagle_utils._verify_uses_greedy"
 SAMPLER_MODULES = ("sglang.kernels.ops.speculative.verify_sampling", "sglang.srt.speculative.eagle_utils")
 SAMPLER_NAME = "tree_speculative_sampling_target_only"
+DSPARK_GATE_TARGET = "sglang.srt.arg_groups.speculative_hook._handle_dspark"
+TRITON_METADATA_TARGET = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
 
 _APPLIED: List[str] = []
 
@@ -208,6 +230,53 @@ def _verify_greedy_hook(original_fn, *args, **kwargs):
     return original_fn(*args, **kwargs)
 
 
+class _CudaDeviceView:
+    """A resolving view of the server arguments that reports ``device == "cuda"`` where it says ``cpu``."""
+
+    def __init__(self, view):
+        object.__setattr__(self, "_view", view)
+
+    def __getattr__(self, name):
+        value = getattr(object.__getattribute__(self, "_view"), name)
+        return "cuda" if name == "device" and value == "cpu" else value
+
+
+def _handle_dspark_cpu(original_fn, server_args, *args, **kwargs):
+    """AROUND ``_handle_dspark``: pass its device gate on CPU (fix 3); everything else it checks still runs."""
+    from sglang.srt.arg_groups import speculative_hook as sh
+
+    real = sh.resolving_view
+    if real(server_args).device != "cpu":
+        return original_fn(server_args, *args, **kwargs)
+    sh.resolving_view = lambda sa: _CudaDeviceView(real(sa))
+    try:
+        return original_fn(server_args, *args, **kwargs)
+    finally:
+        sh.resolving_view = real
+
+
+_ORIGINAL_RECORD_STREAM = torch.Tensor.record_stream
+
+
+def _record_stream_cpu_noop(self, stream):
+    """``torch.Tensor.record_stream`` that does nothing for a CPU tensor (fix 4)."""
+    if self.device.type == "cpu":
+        return None
+    return _ORIGINAL_RECORD_STREAM(self, stream)
+
+
+def _triton_ragged_verify_hook(original_fn, self, forward_batch, *args, **kwargs):
+    """AROUND ``TritonAttnBackend.init_forward_metadata``: a ragged target verify reads the layout's
+    ``qo_indptr`` (fix 5). CPU backends only."""
+    out = original_fn(self, forward_batch, *args, **kwargs)
+    layout = getattr(getattr(forward_batch, "spec_info", None), "ragged_verify_layout", None)
+    if (layout is not None and forward_batch.forward_mode.is_target_verify()
+            and torch.device(self.device).type == "cpu"):
+        bs = int(layout.verify_lens.numel())
+        self.forward_metadata.qo_indptr = layout.qo_indptr_device[: bs + 1].to(torch.int32)
+    return out
+
+
 def apply_cpu_compat() -> List[str]:
     """Apply the CPU fixes if ``SGLANG_USE_CPU_ENGINE=1``; return the dotted names of what was patched.
 
@@ -230,11 +299,23 @@ def apply_cpu_compat() -> List[str]:
         raise RuntimeError(f"sglang_hybrid cpu_compat: cannot import SGLang's speculative modules: {e!r}") from e
     HookRegistry.register(TREE_MASK_TARGET, _mask_mode_hook, HookType.REPLACE)
     HookRegistry.register(VERIFY_GREEDY_TARGET, _verify_greedy_hook, HookType.AROUND)
+    HookRegistry.register(DSPARK_GATE_TARGET, _handle_dspark_cpu, HookType.AROUND)
+    HookRegistry.register(TRITON_METADATA_TARGET, _triton_ragged_verify_hook, HookType.AROUND)
     HookRegistry.apply_hooks()
-    for target, hook in ((TREE_MASK_TARGET, _mask_mode_hook), (VERIFY_GREEDY_TARGET, _verify_greedy_hook)):
-        if not _calls(getattr(eagle_utils, target.rsplit(".", 1)[1]), hook):
+    from sglang.srt.arg_groups import speculative_hook
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    for owner, target, hook in (
+        (eagle_utils, TREE_MASK_TARGET, _mask_mode_hook),
+        (eagle_utils, VERIFY_GREEDY_TARGET, _verify_greedy_hook),
+        (speculative_hook, DSPARK_GATE_TARGET, _handle_dspark_cpu),
+        (TritonAttnBackend, TRITON_METADATA_TARGET, _triton_ragged_verify_hook),
+    ):
+        if not _calls(getattr(owner, target.rsplit(".", 1)[1]), hook):
             raise RuntimeError(f"sglang_hybrid cpu_compat: the hook on {target} was not applied")
-    patched = [TREE_MASK_TARGET, VERIFY_GREEDY_TARGET]
+    torch.Tensor.record_stream = _record_stream_cpu_noop
+    patched = [TREE_MASK_TARGET, VERIFY_GREEDY_TARGET, DSPARK_GATE_TARGET, TRITON_METADATA_TARGET,
+               "torch.Tensor.record_stream"]
     for mod in modules:
         current = getattr(mod, SAMPLER_NAME, None)
         if current is None or current is tree_speculative_sampling_target_only_cpu:

@@ -15,12 +15,12 @@ process when a HYBRID_SPARK worker is built, and are declared in ``hooks.py``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional
+from typing import Callable, Optional
 
 from ..step import HybridStep
 
 META_KEY = "hybrid_spark"
-_ACTIVE: dict[str, Optional[HybridStep]] = {"step": None}
+_ACTIVE: dict = {"step": None, "extra": None}
 
 
 # Request id -> request-pool slot, recorded at prefill (a finished request's slot is already released when its
@@ -55,9 +55,22 @@ def request_meta(reqs) -> list:
     return out
 
 
-def install(step: HybridStep) -> None:
-    """Point the metrics at ``step`` and patch SGLang's two reporting points (idempotent)."""
+def server_metrics() -> Optional[dict]:
+    """The server-wide metrics of the active step (plus the worker's ``extra`` fields), or None."""
+    step = _ACTIVE["step"]
+    if step is None:
+        return None
+    m = step.metrics()
+    if _ACTIVE["extra"] is not None:
+        m.update(_ACTIVE["extra"]())
+    return m
+
+
+def install(step: HybridStep, extra: Optional[Callable[[], dict]] = None) -> None:
+    """Point the metrics at ``step`` and patch SGLang's two reporting points (idempotent). ``extra``: a
+    host-side callable whose fields are added to the server-wide metrics."""
     _ACTIVE["step"] = step
+    _ACTIVE["extra"] = extra
     from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
     from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
@@ -66,8 +79,9 @@ def install(step: HybridStep) -> None:
 
         def _add_speculative(self, state):
             orig_add(self, state)
-            if _ACTIVE["step"] is not None:
-                state[META_KEY] = _ACTIVE["step"].metrics()
+            m = server_metrics()
+            if m is not None:
+                state[META_KEY] = m
 
         _add_speculative._hybrid = True
         SchedulerInternalStateController._add_speculative = _add_speculative

@@ -32,10 +32,8 @@ import torch
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
-from ..calibration import CalibrationTable
-from ..config import HybridConfig
 from ..step import HybridStep
-from .observability import note_prefill
+from .common import load_options, write_prefill_history
 
 logger = logging.getLogger("sglang_hybrid")
 
@@ -47,11 +45,7 @@ class HybridMixin:
 
     def _hybrid_init(self) -> None:
         """At construction: read and validate the options and the calibration table (errors surface at start-up)."""
-        self._hybrid_cfg = HybridConfig.from_env()
-        cfg = self._hybrid_cfg
-        self._hybrid_calib = (
-            CalibrationTable.load_default() if cfg.calibration == "default" else CalibrationTable.load(cfg.calibration)
-        )
+        self._hybrid_cfg, self._hybrid_calib = load_options()
         self.hybrid = None
         self._hybrid_switch = None
 
@@ -115,23 +109,7 @@ class HybridMixin:
     # -- prefill ---------------------------------------------------------------------------------------
     def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
         out = super()._forward_prefill_batch(batch, on_publish, pp_proxy_tensors, coordination_plan)
-        if batch.forward_mode.is_idle() or not batch.reqs:
-            return out
-        rows = [list(r.origin_input_ids) + list(r.output_ids) for r in batch.reqs]
-        width = self.hybrid.history.width
-        rows = [r[-width:] for r in rows]
-        longest = max(1, max(len(r) for r in rows))
-        prompt = torch.zeros(len(rows), longest, dtype=torch.int32)
-        for i, r in enumerate(rows):
-            prompt[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
-        lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
-        note_prefill(batch.reqs)
-        self.hybrid.on_prefill(
-            batch.req_pool_indices,
-            prompt.to(self.device, non_blocking=True),
-            lens.to(self.device, non_blocking=True),
-            out.next_token_ids,
-        )
+        write_prefill_history(self.hybrid, batch, out.next_token_ids, self.device)
         return out
 
     # -- decode ------------------------------------------------------------------------------------------

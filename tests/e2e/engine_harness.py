@@ -97,7 +97,11 @@ class EngineConfig:
             kw.update(SPEC_KWARGS)
             kw["speculative_algorithm"] = self.algorithm
             draft = self.draft
-            if draft is not None:
+            if draft == "dspark":
+                from tiny_dspark import build_tiny_dspark
+
+                kw["speculative_draft_model_path"] = build_tiny_dspark(models, gamma=DSPARK_GAMMA)
+            elif draft is not None:
                 kw["speculative_draft_model_path"] = getattr(models, draft) if hasattr(models, draft) else draft
         kw.update(dict(self.engine_kwargs))
         return kw
@@ -159,8 +163,41 @@ register_config(
     )
 )
 
+# DSpark (tests/e2e/tiny_dspark.py: block 3, confidence head). SGLang's verify modes are chosen by
+# SGLANG_RAGGED_VERIFY_MODE; cap-accept and compact budget from an SPS table (DSPARK_SPS_TABLE), static verifies
+# the whole window. The scheduler's overlap stays on (SGLang keeps it on for DSPARK and for plugins on CPU).
+DSPARK_GAMMA = 3
+DSPARK_SPS_TABLE = os.path.join(HERE, "data", "sps_cpu.json")
+_DSPARK_KW = (("speculative_num_steps", None), ("speculative_eagle_topk", None), ("speculative_num_draft_tokens", None))
+
+
+def _dspark_mode(mode: str) -> Tuple[Tuple[Tuple[str, Any], ...], Tuple[Tuple[str, str], ...]]:
+    kw = _DSPARK_KW if mode == "static" else _DSPARK_KW + (("speculative_dspark_sps_table_path", DSPARK_SPS_TABLE),)
+    return kw, (("SGLANG_RAGGED_VERIFY_MODE", mode),)
+
+
+def _register_dspark(name: str, algorithm: str, mode: str, env=(), kwargs=()) -> None:
+    kw, mode_env = _dspark_mode(mode)
+    register_config(EngineConfig(name, algorithm=algorithm, draft="dspark", engine_kwargs=kw + tuple(kwargs),
+                                 env=mode_env + tuple(env)))
+
+
+# SGLang's own DSPARK (the baseline) and HYBRID_SPARK with the n-gram drafter off, in compact mode; both dump
+# DSpark's per-request verify lengths (SGLANG_DSPARK_DEBUG_DUMP) so a test can compare them step by step.
+_DUMP = ("SGLANG_DSPARK_DEBUG_DUMP", "core,reqs")
+_register_dspark("dspark_compact", "DSPARK", "compact", env=(_DUMP,))
+_register_dspark("hybrid_dspark_compact_no_ngram", "HYBRID_SPARK", "compact",
+                 env=(_GUARD, _DUMP, ("SGLANG_HYBRID_ENABLE_NGRAM", "0")))
+# HYBRID_SPARK on DSpark in the three verify modes. Static also runs chunked prefill (16-token chunks); compact
+# widens the window to 8 (n-gram chains of up to 7 tokens against the 3-token model block).
+_register_dspark("hybrid_dspark_static", "HYBRID_SPARK", "static", env=(_GUARD,),
+                 kwargs=(("chunked_prefill_size", 16),))
+_register_dspark("hybrid_dspark_cap", "HYBRID_SPARK", "cap-accept", env=(_GUARD,))
+_register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact", env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7")))
+
 LOSSLESS_SPEC_CONFIGS: List[str] = [
     "standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3", "hybrid_spark_wide",
+    "hybrid_dspark_static", "hybrid_dspark_compact",
 ]
 """Speculative configurations ``tests/e2e/test_spec_e2e.py`` checks for losslessness (append to add more)."""
 

@@ -1,0 +1,42 @@
+"""What the EAGLE-family and DSpark workers share: the options, and the token history written at prefill."""
+
+from __future__ import annotations
+
+import torch
+
+from ..calibration import CalibrationTable
+from ..config import HybridConfig
+from ..step import HybridStep
+from .observability import note_prefill
+
+
+def load_options() -> tuple[HybridConfig, CalibrationTable]:
+    """Read and validate the plugin options and the calibration table (errors surface at start-up)."""
+    cfg = HybridConfig.from_env()
+    calib = CalibrationTable.load_default() if cfg.calibration == "default" else CalibrationTable.load(cfg.calibration)
+    return cfg, calib
+
+
+def write_prefill_history(hybrid: HybridStep, batch, next_token_ids: torch.Tensor, device) -> None:
+    """After a target prefill: each request's prompt (and output so far, after a retraction) and its first sampled
+    token start its request-pool slot's history row.
+
+    Chunked prefill re-writes the row at every chunk (the full prompt is on the host); a slot that is reused
+    starts from a fresh row, so a finished or aborted request's history never leaks into its successor.
+    """
+    if batch.forward_mode.is_idle() or not batch.reqs:
+        return
+    width = hybrid.history.width
+    rows = [(list(r.origin_input_ids) + list(r.output_ids))[-width:] for r in batch.reqs]
+    longest = max(1, max(len(r) for r in rows))
+    prompt = torch.zeros(len(rows), longest, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        prompt[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+    lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    note_prefill(batch.reqs)
+    hybrid.on_prefill(
+        batch.req_pool_indices,
+        prompt.to(device, non_blocking=True),
+        lens.to(device, non_blocking=True),
+        next_token_ids,
+    )
