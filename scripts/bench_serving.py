@@ -2,13 +2,15 @@
 """GPU benchmark: DSPARK vs NGRAM vs HYBRID_SPARK served by SGLang on the code-edit and chat workloads.
 
 For each policy it launches ``python -m sglang.launch_server`` with the same target (DSPARK with its DSpark draft
-model, HYBRID_SPARK with an EAGLE-family draft model: ``--hybrid-draft-model``), runs ``python -m sglang.benchmark.serving`` on both workloads (converted
+model; ``hybrid``: HYBRID_SPARK on the same DSpark draft, same SPS table and ragged mode; ``hybrid_eagle``:
+HYBRID_SPARK on an EAGLE-family draft model, ``--hybrid-draft-model``, run when that is given), runs ``python -m sglang.benchmark.serving`` on both workloads (converted
 to SGLang's ``custom`` dataset format) at each concurrency, temperature 0, then shuts the server down (also on
 failure or Ctrl-C: every server runs in its own process group, killed on exit). It collects output throughput
 and accept length into a table (stdout + ``OUT/results.json``) and a PNG of the ratios (``OUT/ratios.png``).
 
     python scripts/bench_serving.py --model /models/Qwen3-8B --draft-model /models/dspark_qwen3_8b_block7 \\
-        --hybrid-draft-model /models/eagle3_qwen3_8b --sps-table sps_8b.json --out bench_out
+        --sps-table sps_8b.json --hybrid-max-draft 16 --out bench_out \
+        [--hybrid-draft-model /models/eagle3_qwen3_8b]
 
 ``--dry-run`` (CPU, no GPU, nothing started): prints every command and checks them: the server flags against
 SGLang's own ``ServerArgs`` parser, the benchmark flags against ``sglang.benchmark.serving``'s argparse, the
@@ -16,9 +18,10 @@ converted datasets against SGLang's ``custom`` loader, and that HYBRID_SPARK res
 
 Notes. DSPARK schedules per-request verify lengths only in a ragged-verify mode, so its server runs with
 ``SGLANG_RAGGED_VERIFY_MODE=compact`` (``--ragged-mode``); give it a measured SPS table (``--sps-table``, made with
-``python -m sglang.benchmark.dspark_sps_profiler``) or its budget degenerates to verify-all. The same table goes
-only to DSPARK: HYBRID_SPARK's EAGLE-family verify has a fixed window, where a budget never pays. Every server gets ``--max-running-requests`` = the largest
-concurrency (SGLang's speculative defaults cap it at 48).
+``python -m sglang.benchmark.dspark_sps_profiler``) or its budget degenerates to verify-all. The same table and mode
+go to HYBRID_SPARK on DSpark (its selection prices with it, and DSpark's planner budgets the merged chains), not to
+``hybrid_eagle``: an EAGLE-family verify has a fixed window, where a budget never pays. Every server gets
+``--max-running-requests`` = the largest concurrency (SGLang's speculative defaults cap it at 48).
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_WORKLOADS = ROOT / "sglang_hybrid" / "data" / "workloads"
 WORKLOADS = {"code-edit": "code_edit.jsonl", "chat": "chat.jsonl"}
-POLICIES = ("dspark", "ngram", "hybrid")
-ALGORITHM = {"dspark": "DSPARK", "ngram": "NGRAM", "hybrid": "HYBRID_SPARK"}
+POLICIES = ("dspark", "ngram", "hybrid", "hybrid_eagle")
+ALGORITHM = {"dspark": "DSPARK", "ngram": "NGRAM", "hybrid": "HYBRID_SPARK", "hybrid_eagle": "HYBRID_SPARK"}
 
 _RUNNING: list[subprocess.Popen] = []
 
@@ -59,23 +62,24 @@ class Plan:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="target model path (HF dir or repo id)")
-    p.add_argument("--draft-model", required=True, help="DSpark draft model (DSPARK)")
+    p.add_argument("--draft-model", required=True, help="DSpark draft model (DSPARK and HYBRID_SPARK)")
     p.add_argument("--hybrid-draft-model", default=None,
-                   help="EAGLE / EAGLE-3 / stand-alone draft model for HYBRID_SPARK (default: --draft-model; "
-                        "HYBRID_SPARK refuses a DSpark draft)")
+                   help="EAGLE / EAGLE-3 / stand-alone draft model: adds the hybrid_eagle policy")
     p.add_argument("--tokenizer", default=None, help="tokenizer for the benchmark client (default: --model)")
     p.add_argument("--workloads", default=str(DEFAULT_WORKLOADS), help="directory with code_edit.jsonl, chat.jsonl")
     p.add_argument("--concurrency", default="4,32,128", help="comma list of max concurrencies")
     p.add_argument("--num-prompts", type=int, default=0,
                    help="prompts per run (0: min(dataset, max(4 x concurrency, 32)))")
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma list from dspark,ngram,hybrid")
+    p.add_argument("--policies", default=None,
+                   help="comma list from dspark,ngram,hybrid,hybrid_eagle (default: dspark,ngram,hybrid, plus "
+                        "hybrid_eagle with --hybrid-draft-model)")
     p.add_argument("--sps-table", default=None, help="SPS table JSON for DSPARK's budget")
     p.add_argument("--ngram-draft-tokens", type=int, default=12, help="NGRAM --speculative-num-draft-tokens")
-    p.add_argument("--hybrid-steps", type=int, default=7, help="HYBRID_SPARK --speculative-num-steps (gamma)")
+    p.add_argument("--hybrid-steps", type=int, default=7, help="hybrid_eagle --speculative-num-steps (gamma)")
     p.add_argument("--hybrid-max-draft", type=int, default=0,
-                   help="HYBRID_SPARK n-gram chain length (SGLANG_HYBRID_MAX_DRAFT); above --hybrid-steps it "
-                        "widens the verify window")
-    p.add_argument("--ragged-mode", default="compact", help="SGLANG_RAGGED_VERIFY_MODE for DSPARK")
+                   help="HYBRID_SPARK n-gram chain length (SGLANG_HYBRID_MAX_DRAFT); above the model chain (the "
+                        "DSpark block, or --hybrid-steps) it widens the verify window")
+    p.add_argument("--ragged-mode", default="compact", help="SGLANG_RAGGED_VERIFY_MODE for DSPARK and hybrid")
     p.add_argument("--hybrid-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for the HYBRID_SPARK server (e.g. SGLANG_HYBRID_DRAFT_KIND=dspark)")
     p.add_argument("--extra-server-args", default="", help="appended to every server command (shell-quoted)")
@@ -86,7 +90,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="bench_out", help="output directory")
     p.add_argument("--dry-run", action="store_true", help="print and check the commands; start nothing")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.policies is None:
+        a.policies = "dspark,ngram,hybrid" + (",hybrid_eagle" if a.hybrid_draft_model else "")
+    if "hybrid_eagle" in a.policies.split(",") and not a.hybrid_draft_model:
+        p.error("policy hybrid_eagle needs --hybrid-draft-model (an EAGLE-family draft)")
+    return a
 
 
 # --------------------------------------------------------------------------------------------- datasets
@@ -113,16 +122,17 @@ def server_command(policy: str, a: argparse.Namespace, port: int, max_running: i
             "--port", str(port), "--random-seed", "0", "--max-running-requests", str(max_running),
             "--speculative-algorithm", ALGORITHM[policy]]
     env: dict[str, str] = {}
-    if policy == "dspark":
+    if policy in ("dspark", "hybrid"):
         argv += ["--speculative-draft-model-path", a.draft_model]
         if a.sps_table:
             argv += ["--speculative-dspark-sps-table-path", a.sps_table]
         env["SGLANG_RAGGED_VERIFY_MODE"] = a.ragged_mode
     if policy == "ngram":
         argv += ["--speculative-num-draft-tokens", str(a.ngram_draft_tokens)]
-    if policy == "hybrid":
-        argv += ["--speculative-draft-model-path", a.hybrid_draft_model or a.draft_model,
+    if policy == "hybrid_eagle":
+        argv += ["--speculative-draft-model-path", a.hybrid_draft_model,
                  "--speculative-num-steps", str(a.hybrid_steps)]
+    if policy in ("hybrid", "hybrid_eagle"):
         if a.hybrid_max_draft:
             env["SGLANG_HYBRID_MAX_DRAFT"] = str(a.hybrid_max_draft)
         for kv in a.hybrid_env:

@@ -1,14 +1,22 @@
 #!/usr/bin/env python
 """CPU smoke run of the real SGLang engine on the tiny test models: plain vs speculative decoding.
 
-    python scripts/cpu_smoke.py --prompts FILE.jsonl [--max-new-tokens N] [--algorithm STANDALONE|EAGLE3|HYBRID_SPARK]
-                                [--draft standalone|eagle3]
+    python scripts/cpu_smoke.py --prompts FILE.jsonl [--max-new-tokens N]
+                                [--algorithm STANDALONE|EAGLE3|DSPARK|HYBRID_SPARK] [--draft standalone|eagle3|dspark]
+                                [--verify-mode static|cap-accept|compact] [--max-draft N]
 
 Each line of FILE.jsonl is a JSON object with a ``"prompt"`` field (text, tokenized with the tiny tokenizer).
 Runs greedy plain decoding, then speculative decoding, on every prompt (one batch each), and prints ONE JSON line:
 per prompt whether the token ids are identical, the accept length (``meta_info["spec_accept_length"]``) and, for
 runs that report ``hybrid_*`` meta_info fields (HYBRID_SPARK), the fraction of verify steps whose chain came from
 the n-gram drafter. Exits 1 if any prompt's outputs differ, 2 on bad arguments or input.
+
+With a DSpark draft (``--algorithm DSPARK``, or ``HYBRID_SPARK --draft dspark``; the tiny DSpark draft of
+``tests/e2e/tiny_dspark.py``) ``--verify-mode`` picks SGLang's ``SGLANG_RAGGED_VERIFY_MODE`` (cap-accept and compact
+budget with the tests' SPS table ``tests/e2e/data/sps_cpu.json``), and the line gains ``max_step_verify_tokens``
+(the most tokens one decode step verified, from DSpark's own step dump) and, for HYBRID_SPARK,
+``max_request_verify_len`` (the most draft tokens one request verified in one step) and ``ngram_step_share`` (the
+share of request-steps that verified an n-gram chain).
 
 Uses the test harness (``tests/e2e/engine_harness.py``: one engine host process per configuration, with the
 ``sgl_kernel`` stand-in and ``SGLANG_USE_CPU_ENGINE=1``) and the tiny models (``tests/e2e/tiny_models.py``, built
@@ -27,7 +35,8 @@ from typing import Any, Dict, List, Optional
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 E2E_DIR = os.path.join(REPO_ROOT, "tests", "e2e")
 
-DEFAULT_DRAFT = {"STANDALONE": "standalone", "EAGLE3": "eagle3", "HYBRID_SPARK": "standalone"}
+DEFAULT_DRAFT = {"STANDALONE": "standalone", "EAGLE3": "eagle3", "DSPARK": "dspark", "HYBRID_SPARK": "standalone"}
+VERIFY_MODES = ("static", "cap-accept", "compact")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -35,12 +44,55 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--prompts", required=True, help="JSONL file; each line an object with a 'prompt' text field")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--algorithm", default="STANDALONE", choices=sorted(DEFAULT_DRAFT))
-    p.add_argument("--draft", choices=["standalone", "eagle3"], default=None, help="tiny draft model to use")
+    p.add_argument("--draft", choices=["standalone", "eagle3", "dspark"], default=None, help="tiny draft model to use")
+    p.add_argument("--verify-mode", choices=VERIFY_MODES, default="static",
+                   help="DSpark drafts only: SGLang's SGLANG_RAGGED_VERIFY_MODE")
+    p.add_argument("--max-draft", type=int, default=0, help="HYBRID_SPARK option max_draft (0 = fill the window)")
     args = p.parse_args(argv)
     if args.max_new_tokens < 1:
         p.error("--max-new-tokens must be >= 1")
     args.draft = args.draft or DEFAULT_DRAFT[args.algorithm]
+    if args.algorithm == "DSPARK" and args.draft != "dspark":
+        p.error("--algorithm DSPARK needs --draft dspark")
+    if args.draft == "dspark" and args.algorithm not in ("DSPARK", "HYBRID_SPARK"):
+        p.error(f"--draft dspark works with DSPARK or HYBRID_SPARK, not {args.algorithm}")
+    if args.verify_mode != "static" and args.draft != "dspark":
+        p.error("--verify-mode applies to a DSpark draft only")
+    if args.max_draft < 0:
+        p.error("--max-draft must be >= 0")
     return args
+
+
+def spec_config(args: argparse.Namespace):
+    """The engine configuration of the speculative run (registered with the harness)."""
+    from engine_harness import DSPARK_SPS_TABLE, EngineConfig, register_config
+
+    env = [("SGLANG_HYBRID_MAX_DRAFT", str(args.max_draft))] if args.algorithm == "HYBRID_SPARK" else []
+    kwargs = []
+    if args.draft == "dspark":
+        kwargs = [("speculative_num_steps", None), ("speculative_eagle_topk", None),
+                  ("speculative_num_draft_tokens", None)]
+        if args.verify_mode != "static":
+            kwargs.append(("speculative_dspark_sps_table_path", DSPARK_SPS_TABLE))
+        env += [("SGLANG_RAGGED_VERIFY_MODE", args.verify_mode), ("SGLANG_DSPARK_DEBUG_DUMP", "core")]
+    name = f"smoke_{args.algorithm.lower()}_{args.draft}_{args.verify_mode}_{args.max_draft}"
+    return register_config(EngineConfig(name, algorithm=args.algorithm, draft=args.draft,
+                                        engine_kwargs=tuple(kwargs), env=tuple(env)))
+
+
+def step_figures(state: Dict[str, Any]) -> Dict[str, Any]:
+    """Per-step figures of a DSpark-family run from ``/server_info``'s first internal state."""
+    out: Dict[str, Any] = {}
+    dump = state.get("dspark_info_record") or {}
+    steps = [r.get("num_verify_tokens", -1) for r in dump.get("records", [])]
+    if steps:
+        out["max_step_verify_tokens"] = max(steps)
+    hy = state.get("hybrid_spark")
+    if hy:
+        out["max_request_verify_len"] = hy.get("max_verified_drafts_in_step")
+        out["max_request_accepted"] = hy.get("max_accepted_drafts_in_step")
+        out["ngram_step_share"] = hy.get("ngram_win_rate")
+    return out
 
 
 def read_prompts(path: str) -> List[str]:
@@ -90,18 +142,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"cpu_smoke: {e}", file=sys.stderr)
         return 2
     sys.path.insert(0, E2E_DIR)
-    from engine_harness import EngineConfig, EnginePool, register_config
+    from engine_harness import EnginePool
     from tiny_models import build_tiny_models, encode
 
     models = build_tiny_models()
     input_ids = encode(models, texts)
-    spec_name = f"smoke_{args.algorithm.lower()}_{args.draft}"
-    register_config(EngineConfig(spec_name, algorithm=args.algorithm, draft=args.draft))
+    spec_name = spec_config(args).name
     sp = dict(temperature=0.0, max_new_tokens=args.max_new_tokens, ignore_eos=True)
     pool = EnginePool(models, max_alive=1)
     try:
         plain = pool.get("plain").generate(input_ids, sp)
-        spec = pool.get(spec_name).generate(input_ids, sp)
+        engine = pool.get(spec_name)
+        spec = engine.generate(input_ids, sp)
+        state = engine.server_info()["internal_states"][0]
     finally:
         pool.close()
     rows = []
@@ -125,7 +178,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     report = {
         "algorithm": args.algorithm,
         "draft": args.draft,
+        "verify_mode": args.verify_mode if args.draft == "dspark" else None,
         "max_new_tokens": args.max_new_tokens,
+        **step_figures(state),
         "all_identical": all_identical,
         "engine_start_s": {k: [round(s, 1) for s in v] for k, v in pool.timings.items()},
         "prompts": rows,

@@ -5,8 +5,12 @@ Builds the tiny deterministic models of ``tests/e2e/tiny_models.py`` (a 2-layer 
 stand-alone draft, random but structured weights, built locally: nothing is downloaded), then starts one
 ``sglang.Engine`` for plain decoding and two with ``--speculative-algorithm HYBRID_SPARK`` (stand-alone draft
 model plus the n-gram drafter; verify windows 4 and 9, the second with n-gram chains past the 3-token model
-chain, then 9 narrowed to 4 while more than 2 requests run), each in its own subprocess, decodes the same prompts greedily (some with
-repeated spans, so the n-gram chain gets chosen) and compares the output token ids exactly.
+chain, then 9 narrowed to 4 while more than 2 requests run), then SGLang's DSPARK and HYBRID_SPARK on the tiny
+DSpark draft (``tests/e2e/tiny_dspark.py``, block 3) in the static verify mode and, with an SPS table, in the compact
+(ragged) mode with a window of 8 (n-gram chains past the DSpark block), each in its own subprocess; decodes the
+same prompts greedily (some with repeated spans, so the n-gram chain gets chosen) and compares the output token ids
+exactly. On CUDA, the DSpark draft runs in SGLang's draft CUDA graph and the target verify in its (token-bucket)
+verify graphs; HYBRID_SPARK's merge runs eagerly between the two (it is not captured into a graph yet).
 
 Where SGLang is not importable (the lent GPU machine has none) it prints ``skipped: sglang not installed`` and
 exits 0: nothing is faked. Exit status otherwise: 0 all outputs equal, 1 a mismatch, 2 set-up error (the
@@ -44,7 +48,11 @@ PROMPT_TEXTS = [
 ]
 
 
-def _engine_kwargs(device: str, models: Any, algorithm: str | None, dtype: str, window: int = 4) -> Dict[str, Any]:
+SPS_TABLE = os.path.join(E2E_DIR, "data", "sps_cpu.json")  # a step of B tokens costs 1 + 0.15 B: budgets bind
+
+
+def _engine_kwargs(device: str, models: Any, algorithm: str | None, dtype: str, window: int | None = 4,
+                   draft: str = "standalone", mode: str = "static") -> Dict[str, Any]:
     """``sglang.Engine`` keyword arguments for a plain (``algorithm=None``) or speculative run."""
     if device == "cpu":
         sys.path.insert(0, E2E_DIR)
@@ -65,7 +73,13 @@ def _engine_kwargs(device: str, models: Any, algorithm: str | None, dtype: str, 
             log_level="error",
         )
     kw["model_path"] = models.target
-    if algorithm is not None:
+    if algorithm is not None and draft == "dspark":
+        from tiny_dspark import build_tiny_dspark
+
+        kw.update(speculative_algorithm=algorithm, speculative_draft_model_path=build_tiny_dspark(models, gamma=3))
+        if mode != "static":
+            kw["speculative_dspark_sps_table_path"] = SPS_TABLE
+    elif algorithm is not None:
         kw.update(
             speculative_algorithm=algorithm,
             speculative_draft_model_path=models.standalone,
@@ -76,13 +90,19 @@ def _engine_kwargs(device: str, models: Any, algorithm: str | None, dtype: str, 
     return kw
 
 
-# (name, algorithm, verify window, plugin env): plain, HYBRID_SPARK with SGLang's window, a window widened to 9,
-# and the widened window narrowed to 4 while more than 2 requests run (the 6 prompts start narrow, widen later).
+# (name, algorithm, verify window, plugin env, draft, DSpark verify mode): plain, HYBRID_SPARK with SGLang's window,
+# a window widened to 9, and the widened window narrowed to 4 while more than 2 requests run (the 6 prompts start
+# narrow, widen later); then DSpark: SGLang's DSPARK and HYBRID_SPARK, static, and HYBRID_SPARK compact with
+# n-gram chains of up to 7 tokens (window 8) against the 3-token DSpark block.
 RUNS = (
-    ("plain", None, 4, {}),
-    ("hybrid_spark", "HYBRID_SPARK", 4, {}),
-    ("hybrid_spark_wide", "HYBRID_SPARK", 9, {}),
-    ("hybrid_spark_switch", "HYBRID_SPARK", 9, {"SGLANG_HYBRID_NARROW_ABOVE": "2"}),
+    ("plain", None, 4, {}, "standalone", "static"),
+    ("hybrid_spark", "HYBRID_SPARK", 4, {}, "standalone", "static"),
+    ("hybrid_spark_wide", "HYBRID_SPARK", 9, {}, "standalone", "static"),
+    ("hybrid_spark_switch", "HYBRID_SPARK", 9, {"SGLANG_HYBRID_NARROW_ABOVE": "2"}, "standalone", "static"),
+    ("dspark", "DSPARK", None, {"SGLANG_RAGGED_VERIFY_MODE": "static"}, "dspark", "static"),
+    ("hybrid_dspark", "HYBRID_SPARK", None, {"SGLANG_RAGGED_VERIFY_MODE": "static"}, "dspark", "static"),
+    ("hybrid_dspark_compact", "HYBRID_SPARK", None,
+     {"SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_HYBRID_MAX_DRAFT": "7"}, "dspark", "compact"),
 )
 
 
@@ -205,9 +225,9 @@ def main(argv: List[str] | None = None) -> int:
               f"{[len(x) for x in prompts]} tokens, {args.max_new_tokens} new tokens each, greedy", flush=True)
         results = {}
         try:
-            for name, algo, window, env in RUNS:
+            for name, algo, window, env, draft, mode in RUNS:
                 spec = dict(device=args.device, prompts=prompts, max_new_tokens=args.max_new_tokens,
-                            kwargs=_engine_kwargs(args.device, models, algo, args.dtype, window), env=env)
+                            kwargs=_engine_kwargs(args.device, models, algo, args.dtype, window, draft, mode), env=env)
                 results[name] = _launch(name, spec, tmp, args.timeout)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print(f"gpu_e2e_check: SET-UP ERROR: {e}")
@@ -227,11 +247,11 @@ def main(argv: List[str] | None = None) -> int:
             bad += 1
             print(f"MISMATCH {name}: {len(plain)} plain outputs vs {len(hybrid)}")
     if bad:
-        print(f"gpu_e2e_check: FAILED: {bad} greedy outputs differ between HYBRID_SPARK and plain")
+        print(f"gpu_e2e_check: FAILED: {bad} greedy outputs differ between a speculative run and plain")
         return 1
     steps = {r[0]: results[r[0]]["tokens_per_step"] for r in RUNS[1:]}
-    print(f"gpu_e2e_check: ok: HYBRID_SPARK greedy outputs (windows 4, 9, and 9 narrowed to 4 above bs 2) equal "
-          "plain decoding on all "
+    print(f"gpu_e2e_check: ok: HYBRID_SPARK greedy outputs (windows 4, 9, and 9 narrowed to 4 above bs 2; on DSpark "
+          "static and compact with window 8) and DSPARK's equal plain decoding on all "
           f"{len(plain)} prompts ({sum(len(x) for x in plain)} tokens; tokens per verify step {steps})")
     return 0
 

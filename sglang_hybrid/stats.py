@@ -41,11 +41,12 @@ class StepStats:
         self.price = torch.zeros(1, dtype=torch.float32, **kw)
         self.slot_stats = torch.zeros(num_slots, len(SLOT_STAT_NAMES), dtype=torch.int64, **kw)
         pin = device.type == "cuda"
-        # Staged for the host: the counters, the price, the most drafts accepted by one request in one step.
-        self._host_counters = torch.zeros(len(COUNTER_NAMES) + 2, dtype=torch.float64, pin_memory=pin)
+        # Staged for the host: the counters, the price, the most drafts one request accepted / verified in a step.
+        self._host_counters = torch.zeros(len(COUNTER_NAMES) + 3, dtype=torch.float64, pin_memory=pin)
         self._host_slot_stats = torch.zeros(num_slots, len(SLOT_STAT_NAMES), dtype=torch.int64, pin_memory=pin)
-        self._stage = torch.zeros(len(COUNTER_NAMES) + 2, dtype=torch.float64, **kw)
+        self._stage = torch.zeros(len(COUNTER_NAMES) + 3, dtype=torch.float64, **kw)
         self.max_accepted = torch.zeros(1, dtype=torch.int64, **kw)
+        self.max_verified = torch.zeros(1, dtype=torch.int64, **kw)
         self._step_max = torch.zeros(1, dtype=torch.int64, **kw)
         # Scratch.
         self._acc = torch.zeros(max_bs, dtype=torch.int64, **kw)
@@ -102,12 +103,15 @@ class StepStats:
         self.slot_stats.index_add_(0, slots, pr[:, : len(SLOT_STAT_NAMES)])
         torch.amax(acc, 0, keepdim=True, out=self._step_max)
         torch.maximum(self.max_accepted, self._step_max, out=self.max_accepted)
+        torch.amax(vlen, 0, keepdim=True, out=self._step_max)
+        torch.maximum(self.max_verified, self._step_max, out=self.max_verified)
         # Asynchronous device-to-host copies: the host reads them later, one step stale at most.
         self._host_slot_stats.copy_(self.slot_stats, non_blocking=True)
         n = len(COUNTER_NAMES)
         self._stage[:n].copy_(self.counters)
         self._stage[n : n + 1].copy_(self.price)
-        self._stage[n + 1 :].copy_(self.max_accepted)
+        self._stage[n + 1 : n + 2].copy_(self.max_accepted)
+        self._stage[n + 2 :].copy_(self.max_verified)
         self._host_counters.copy_(self._stage, non_blocking=True)
 
     def _refit(self, acc: torch.Tensor, vlen: torch.Tensor, is_m: torch.Tensor) -> None:
@@ -139,6 +143,7 @@ class StepStats:
         m = dict(zip(COUNTER_NAMES, (int(x) for x in v[:n])))
         m["price"] = float(v[n])
         m["max_accepted_drafts_in_step"] = int(v[n + 1])
+        m["max_verified_drafts_in_step"] = int(v[n + 2])
         rs = max(m["request_steps"], 1)
         m["ngram_win_rate"] = m["ngram_chosen"] / rs
         m["mean_accept_length"] = 1.0 + (m["accepted_model"] + m["accepted_ngram"]) / rs

@@ -106,6 +106,7 @@ class HybridStep:
         self._is_ng = torch.zeros(max_bs, dtype=torch.bool, device=self.device)
         self._cols = torch.arange(g_max, dtype=torch.int32, device=self.device).view(1, -1)
         self._one_i32 = torch.ones((), dtype=torch.int32, device=self.device)
+        self._zero_f = torch.zeros((), dtype=torch.float32, device=self.device)
         self._ngram_len = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         self.stats = StepStats(num_slots=num_slots, max_bs=max_bs, gamma=gamma, model_prior=cfg.model_prior,
                                model_ema=cfg.model_ema, device=self.device)
@@ -220,7 +221,7 @@ class HybridStep:
             torch.div(surv, prev.clamp_(min=1e-12), out=ng[:, :w])
             ng.clamp_(0.0, 1.0)
             torch.lt(self._cols[:, :g], self._ngram_len[:bs].view(-1, 1), out=self._in_chain[:bs, :g])
-            ng.mul_(self._in_chain[:bs, :g])
+            torch.where(self._in_chain[:bs, :g], ng, self._zero_f, out=ng)
             mc = self._model_conf[:bs, :g]
             mc.copy_(model_confidence)
             if g > self.gamma:

@@ -31,15 +31,21 @@ def test_dry_run_checks_out(good):
     for algo in ("DSPARK", "NGRAM", "HYBRID_SPARK"):
         assert f"--speculative-algorithm {algo}" in out
     assert "SGLANG_RAGGED_VERIFY_MODE=compact" in out
-    assert out.count("-m sglang.benchmark.serving") == 3 * 2 * 3  # policies x workloads x concurrencies
+    # dspark, ngram, hybrid (DSpark) and hybrid_eagle (--hybrid-draft-model given) x workloads x concurrencies
+    assert out.count("-m sglang.benchmark.serving") == 4 * 2 * 3
     for c in ("4", "32", "128"):
         assert f"--max-concurrency {c} " in out
     assert "--max-running-requests 128" in out and "--dataset-name custom" in out and "--temperature 0" in out
     assert "rows sampled by SGLang's custom loader" in out
     assert "HYBRID_SPARK resolves through SGLang's plugin registry" in out
-    hybrid = next(line for line in out.splitlines() if "--speculative-algorithm HYBRID_SPARK" in line)
-    assert "SGLANG_HYBRID_MAX_DRAFT=9" in hybrid and "--speculative-draft-model-path /models/eagle3" in hybrid
-    assert "--speculative-dspark-sps-table-path" not in hybrid  # a fixed verify window: no budget to set
+    hybrids = [line for line in out.splitlines() if "--speculative-algorithm HYBRID_SPARK" in line]
+    assert len(hybrids) == 2
+    dspark, eagle = sorted(hybrids, key=lambda line: "/models/eagle3" in line)
+    # On DSpark: the same draft, SPS table and ragged mode as DSPARK, n-gram chains widened to 9.
+    assert "--speculative-draft-model-path /models/draft" in dspark and "SGLANG_HYBRID_MAX_DRAFT=9" in dspark
+    assert "--speculative-dspark-sps-table-path /tables/sps.json" in dspark and "SGLANG_RAGGED_VERIFY_MODE=compact" in dspark
+    assert "SGLANG_HYBRID_MAX_DRAFT=9" in eagle and "--speculative-draft-model-path /models/eagle3" in eagle
+    assert "--speculative-dspark-sps-table-path" not in eagle  # a fixed verify window: no budget to set
 
 
 def test_dry_run_rejects_an_unknown_server_flag(capsys):

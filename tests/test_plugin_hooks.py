@@ -69,3 +69,42 @@ def test_methods_customspecalgo_lacks_are_provided(name):
     from sglang_hybrid.sglang_plugin.algo import HybridSparkAlgo
 
     assert name in vars(HybridSparkAlgo)
+
+
+def test_every_dspark_worker_override_is_declared_with_the_same_parameters():
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+
+    from sglang_hybrid.sglang_plugin.dspark_worker import HybridDSparkWorker
+
+    declared = _declared_names()
+    overrides = [n for n in _own_methods(HybridDSparkWorker) if getattr(DSparkWorkerV2, n, None) is not None]
+    assert {"_forward_decode", "_forward_prefill", "alloc_memory_pool"} <= set(overrides)
+    for name in overrides:
+        assert name in declared, f"HybridDSparkWorker.{name} overrides DSparkWorkerV2.{name} but is not declared"
+        ours = list(inspect.signature(getattr(HybridDSparkWorker, name)).parameters)
+        assert ours == list(inspect.signature(getattr(DSparkWorkerV2, name)).parameters), name
+    for name in _own_methods(HybridDSparkWorker):
+        assert name in overrides or name.startswith("_hybrid") or name.startswith("hybrid") or name == "_one_hot_ngram_rows"
+    init = list(inspect.signature(HybridDSparkWorker.__init__).parameters)
+    assert init == list(inspect.signature(DSparkWorkerV2.__init__).parameters)
+
+
+def test_dspark_algo_answers_as_sglangs_dspark(monkeypatch):
+    """For a DSpark draft, every predicate SGLang dispatches DSPARK on gives DSPARK's answer."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_hybrid.sglang_plugin.algo import HybridSparkAlgo
+
+    algo = HybridSparkAlgo("HYBRID_SPARK", lambda a: None, supports_overlap=True)
+    algo._resolved_kind = "dspark"
+    ref = SpeculativeAlgorithm.DSPARK
+    for name in ("is_dspark", "is_dflash_family", "is_eagle", "is_eagle3", "is_standalone", "is_ngram",
+                 "supports_ragged_verify", "supports_target_verify_for_draft", "supports_prefill_shared_read_done",
+                 "need_topk", "carries_draft_hidden_states", "has_draft_kv", "supports_grammar_overlap"):
+        assert getattr(algo, name)() == getattr(ref, name)(), name
+    for n in (4, 9):
+        for is_draft in (True, False):
+            assert algo.get_num_tokens_per_req_for_target_verify(n, is_draft) == \
+                ref.get_num_tokens_per_req_for_target_verify(n, is_draft)
+    algo._resolved_kind = "standalone"
+    assert not algo.is_dspark() and algo.need_topk()

@@ -187,12 +187,17 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     committed = torch.randint(3, 100, (3, 9), dtype=torch.int32)
     accept = torch.tensor([3, 1, 5], dtype=torch.int32)
 
+    planner_out = torch.zeros(3, 8)
+    wide_conf = torch.rand(3, 8)
+    verified = torch.tensor([8, 2, 5], dtype=torch.int32)
+
     def one_step():
         p = s.propose(slots, model)
         s.record(slots, p, committed, accept)
         p = s.propose(slots, model, model_confidence=conf)
         s.conditional_confidence(p)
-        s.record(slots, p, committed, accept)
+        s.planner_confidence(p, wide_conf, planner_out)
+        s.record(slots, p, committed, accept, verified_len=verified)
 
     one_step()  # warm-up: per-batch-size constants (the fixed budget) are made once
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -227,3 +232,33 @@ def test_a_narrower_step_window_cuts_the_chains_and_is_counted():
     step.propose(slots, model, window=10)
     m = step.metrics()
     assert (m["active_window_tokens"], m["window_switches"], m["narrow_window_steps"]) == (11, 2, 1)
+
+
+def test_planner_confidence_keeps_dsparks_own_rows_and_gives_ngram_rows_their_calibrated_acceptance():
+    """What the DSpark worker hands DSpark's planner: the model rows exactly as DSpark produced them (columns past
+    the model block zeroed), the n-gram rows as per-token calibrated acceptance up to the chain's length."""
+    step = _wide_step(8)
+    slots = torch.tensor([0, 1, 2])
+    copy = list(range(40, 60))
+    _prefill(step, slots, [copy + [1, 2] + copy[:5], list(range(100, 112)), list(range(200, 214))])
+    model = torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]], dtype=torch.int64)
+    conf = torch.tensor([[0.3, 0.2, 0.2, 0.2], [0.9, 0.8, 0.7, 0.6], [0.5, 0.5, 0.4, 0.3]])
+    wide = torch.cat([conf, torch.full((3, 4), 0.9)], dim=1)  # DSpark drafts the whole 8-token window
+    prop = step.propose(slots, model, model_confidence=conf)
+    assert prop.choice.tolist() == [1, 0, 0]
+    out = torch.full((3, 8), -1.0)
+    res = step.planner_confidence(prop, wide, out)
+    assert res.data_ptr() == out.data_ptr()
+    assert out[1:, :GAMMA].tolist() == conf[1:].tolist()  # bit-exact: DSpark's own numbers
+    assert float(out[1:, GAMMA:].abs().sum()) == 0.0  # past the model block: not the model chain
+    n = int(step._ngram_len[0])
+    assert n == 8
+    q = step.q[0, :n]
+    assert torch.allclose(out[0, :n], q, atol=1e-6)
+    assert torch.allclose(torch.cumprod(out[0], 0), step.ngram_surv[0, :8], atol=1e-6)
+    # The n-gram drafter off: the identity on DSpark's inputs (what makes it equal built-in DSPARK).
+    off = _wide_step(4, enable_ngram=False)
+    _prefill(off, slots, [copy + [1, 2] + copy[:5], list(range(100, 112)), list(range(200, 214))])
+    p2 = off.propose(slots, model, model_confidence=conf)
+    out2 = torch.zeros(3, 4)
+    assert off.planner_confidence(p2, conf, out2).tolist() == conf.tolist()

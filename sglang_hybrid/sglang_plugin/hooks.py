@@ -37,6 +37,7 @@ class HostAttr:
 
 _W2 = "sglang.srt.speculative.eagle_worker_v2"
 _REG = "sglang.srt.speculative.spec_registry"
+_DSP = "sglang.srt.speculative.dspark_components"
 
 HOST_ATTRS: tuple[HostAttr, ...] = (
     # Registration (spec_info / spec_registry).
@@ -99,6 +100,37 @@ HOST_ATTRS: tuple[HostAttr, ...] = (
              "the scheduler reserves KV for the widest window, so a batch may switch state after scheduling"),
     HostAttr(f"{_REG}:CustomSpecAlgo.resolve_max_speculative_num_draft_tokens", ("self", "server_args"),
              "returns the start-up (widest) window, which WindowSwitch never exceeds"),
+    # The DSpark worker we subclass (dspark_worker.py), the methods we wrap, and what the merge reads and rewrites.
+    HostAttr(f"{_DSP}.dspark_worker_v2:DSparkWorkerV2.__init__",
+             ("self", "server_args", "gpu_id", "nccl_port", "target_worker", "draft_worker_cls"),
+             "HybridDSparkWorker wraps its draft proposer after construction"),
+    HostAttr(f"{_DSP}.dspark_worker_v2:DSparkWorkerV2._forward_decode",
+             ("self", "batch", "on_publish", "grammar_barrier", "coordination_plan"),
+             "calls self._proposer.propose, then the planner on proposal.confidence; we record after it"),
+    HostAttr(f"{_DSP}.dspark_worker_v2:DSparkWorkerV2._forward_prefill", ("self", "batch", "on_publish",
+             "pp_proxy_tensors"), "HYBRID_SPARK writes each new request's prompt into the token history"),
+    HostAttr(f"{_DSP}.dspark_worker_v2:DSparkWorkerV2.alloc_memory_pool",
+             ("self", "memory_pool_config", "req_to_token_pool", "token_to_kv_pool_allocator")),
+    HostAttr(f"{_DSP}.dspark_draft:DraftBlockProposer.propose",
+             ("self", "batch", "draft_input", "verify_window", "bs", "device", "target_model", "sampling_info"),
+             "the wrapped proposer; _forward_decode passes these by keyword"),
+    HostAttr(f"{_DSP}.dspark_draft:DraftProposal.__struct_fields__", None,
+             "draft_block, confidence, folded and verify_ids are replaced (msgspec.structs.replace)"),
+    HostAttr(f"{_DSP}.dspark_draft:DraftBlockResult.__struct_fields__", None,
+             "draft_tokens replaced; corrected_logits made one-hot on n-gram rows when sampling"),
+    HostAttr(f"{_DSP}.dspark_planner:DSparkVerifyPlanner.mode_value", None, "static / cap-accept / compact"),
+    HostAttr(f"{_DSP}.dspark_sps:build_uninitialized_sps_table", ("max_batch_tokens",),
+             "SGLang's default (flat) SPS table, priced by the selection when no table is given"),
+    HostAttr("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.get_num_tokens_per_req_for_target_verify",
+             ("self", "num_draft_tokens", "is_draft_worker"), "the DSpark draft worker verifies window - 1 rows"),
+    HostAttr("sglang.srt.managers.overlap_utils:decide_needs_confidence_relay", None,
+             "relays DSpark's (our merged) confidences to the next steps' budget when is_dspark()"),
+    # DSpark on CPU (cpu_compat.py fixes 3-5; CPU only).
+    HostAttr("sglang.srt.arg_groups.speculative_hook:_handle_dspark", ("server_args",),
+             "built-in DSPARK's device gate (only the CPU baseline needs it)"),
+    HostAttr("sglang.srt.arg_groups.speculative_hook:resolving_view", None, "swapped while _handle_dspark runs"),
+    HostAttr("sglang.srt.layers.attention.triton_backend:TritonAttnBackend.init_forward_metadata",
+             ("self", "forward_batch"), "ragged target verify reads the layout's qo_indptr"),
     # Fields of the verify input we rewrite (dataclass fields; existence checked on the class annotations).
     HostAttr("sglang.srt.speculative.eagle_info:EagleVerifyInput.__dataclass_fields__"),
     # Runtime config bags read by the worker.
@@ -114,8 +146,11 @@ HOST_ATTRS: tuple[HostAttr, ...] = (
     HostAttr("sglang.srt.speculative.eagle_utils:default_tree_mask_mode"),
 )
 
-# Fields of EagleVerifyInput / GenerationBatchResult the worker reads or writes.
+# Fields of EagleVerifyInput / the DSpark proposal / GenerationBatchResult the workers read or write.
 VERIFY_INPUT_FIELDS = ("draft_token", "retrieve_next_token", "spec_steps", "topk", "draft_token_num")
+DSPARK_PROPOSAL_FIELDS = ("draft_block", "confidence", "folded", "verify_ids")
+DSPARK_BLOCK_FIELDS = ("draft_tokens", "corrected_logits", "greedy_draft")
+RESULT_FIELDS = ("next_token_ids", "accept_lens", "cap_lens")
 
 
 def check_host_api() -> list[str]:
@@ -144,6 +179,19 @@ def check_host_api() -> list[str]:
             problems.append(f"EagleVerifyInput lacks fields {missing}")
     except Exception as e:  # noqa: BLE001
         problems.append(f"EagleVerifyInput: {type(e).__name__}: {e}")
+    try:
+        from sglang.srt.managers.utils import GenerationBatchResult
+        from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult, DraftProposal
+
+        for cls, wanted in ((DraftProposal, DSPARK_PROPOSAL_FIELDS), (DraftBlockResult, DSPARK_BLOCK_FIELDS)):
+            missing = [f for f in wanted if f not in cls.__struct_fields__]
+            if missing:
+                problems.append(f"{cls.__name__} lacks fields {missing}")
+        missing = [f for f in RESULT_FIELDS if f not in GenerationBatchResult.__dataclass_fields__]
+        if missing:
+            problems.append(f"GenerationBatchResult lacks fields {missing}")
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"DSpark proposal / GenerationBatchResult: {type(e).__name__}: {e}")
     return problems
 
 

@@ -164,8 +164,9 @@ register_config(
 )
 
 # DSpark (tests/e2e/tiny_dspark.py: block 3, confidence head). SGLang's verify modes are chosen by
-# SGLANG_RAGGED_VERIFY_MODE; cap-accept and compact budget from an SPS table (DSPARK_SPS_TABLE), static verifies
-# the whole window. The scheduler's overlap stays on (SGLang keeps it on for DSPARK and for plugins on CPU).
+# SGLANG_RAGGED_VERIFY_MODE; cap-accept and compact budget from an SPS table (DSPARK_SPS_TABLE: a step of B verify
+# tokens takes 1 + 0.15 B time units, steep enough that DSpark's budget trims the tiny drafter's blocks), static
+# verifies the whole window. The scheduler's overlap stays on (SGLang keeps it on for DSPARK and for plugins on CPU).
 DSPARK_GAMMA = 3
 DSPARK_SPS_TABLE = os.path.join(HERE, "data", "sps_cpu.json")
 _DSPARK_KW = (("speculative_num_steps", None), ("speculative_eagle_topk", None), ("speculative_num_draft_tokens", None))
@@ -183,8 +184,10 @@ def _register_dspark(name: str, algorithm: str, mode: str, env=(), kwargs=()) ->
 
 
 # SGLang's own DSPARK (the baseline) and HYBRID_SPARK with the n-gram drafter off, in compact mode; both dump
-# DSpark's per-request verify lengths (SGLANG_DSPARK_DEBUG_DUMP) so a test can compare them step by step.
-_DUMP = ("SGLANG_DSPARK_DEBUG_DUMP", "core,reqs")
+# DSpark's per-step budget and verified tokens (SGLANG_DSPARK_DEBUG_DUMP=core) so a test can compare them step by
+# step. (The "reqs" component, with per-request lengths, stages its copies on a device stream into pinned memory,
+# which a CPU-only torch cannot do.)
+_DUMP = ("SGLANG_DSPARK_DEBUG_DUMP", "core")
 _register_dspark("dspark_compact", "DSPARK", "compact", env=(_DUMP,))
 _register_dspark("hybrid_dspark_compact_no_ngram", "HYBRID_SPARK", "compact",
                  env=(_GUARD, _DUMP, ("SGLANG_HYBRID_ENABLE_NGRAM", "0")))

@@ -1,0 +1,125 @@
+"""HYBRID_SPARK on a DSpark drafter inside the real SGLang engine on CPU, against SGLang's own DSPARK.
+
+The losslessness suite of ``test_spec_e2e.py`` (greedy bs 1-8, stop token / string, abort, sampling chi-square)
+also runs on ``hybrid_dspark_static`` (16-token chunked prefill) and ``hybrid_dspark_compact`` (window 8), both
+under ``SGLANG_HYBRID_SYNC_GUARD=1``. This module adds what is particular to DSpark:
+
+- greedy output at bs 1, 2 and 4 in cap-accept mode (budgeted verify lengths, full window computed);
+- with the n-gram drafter off, the outputs, every step's budget and verified tokens (DSpark's own step dump,
+  ``SGLANG_DSPARK_DEBUG_DUMP=core``) and every request's verify steps and accept length equal SGLang's DSPARK in
+  compact mode: the merge is the identity then. (Per-request verify lengths are not dumped on CPU: DSpark stages
+  that component through a device stream into pinned memory. Equal budgets, equal per-step totals and equal
+  confidences leave DSpark's top-K allocation no freedom, so the per-request lengths are equal as well.);
+- on prompts whose outputs repeat long spans, the n-gram chain is chosen and one step accepts more drafts than
+  the DSpark block holds (gamma = 3, window 8), read from the metrics; ``max_new_tokens`` reached inside such a
+  chain cuts the output exactly;
+- radix-cache prefix reuse and request-slot reuse stay lossless;
+- the overlap scheduler is on.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import pytest
+from e2e_scenarios import check_greedy, hf_greedy
+from engine_harness import DSPARK_GAMMA
+
+pytestmark = pytest.mark.e2e
+
+MAX_NEW = 32
+
+
+def _repeats(ids: Sequence[int], n: int = 4) -> bool:
+    seen = set()
+    for i in range(len(ids) - n + 1):
+        key = tuple(ids[i : i + n])
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
+def _repeating_rows(prompts, reference) -> List[int]:
+    return [i for i, (p, r) in enumerate(zip(prompts, reference)) if _repeats(list(p) + list(r[:MAX_NEW]))]
+
+
+def _greedy(max_new: int) -> dict:
+    return {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
+
+
+def _steps(info: dict) -> List[tuple]:
+    """From DSpark's step dump: (batch size, budget, verified tokens) of every decode step, in order."""
+    return [(r["bs"], r.get("budget"), r["num_verify_tokens"]) for r in info["records"]]
+
+
+@pytest.mark.parametrize("bs", [1, 2, 4])
+def test_cap_accept_greedy_equals_reference(engine_pool, prompts, hf_reference, bs):
+    engine = engine_pool.get("hybrid_dspark_cap")
+    sps = [_greedy(16 if i % 2 == 0 else 9) for i in range(bs)]
+    outputs = engine.generate(prompts[:bs], sps)
+    check_greedy(outputs, hf_reference[:bs], sps)
+    info = engine.server_info()
+    assert info["disable_overlap_schedule"] is False
+    assert info["internal_states"][0]["hybrid_spark"]["verify_mode"] == "cap-accept"
+
+
+def test_without_ngram_equals_sglang_dspark_step_by_step(engine_pool, prompts, hf_reference):
+    """enable_ngram=false: same outputs and the same per-request verify lengths as DSPARK (compact, SPS table)."""
+    rows = [0, 1, 2, 3]
+    sps = [_greedy(20) for _ in rows]
+    steps, metas = {}, {}
+    for name in ("dspark_compact", "hybrid_dspark_compact_no_ngram"):
+        engine = engine_pool.get(name)
+        outputs = engine.generate([prompts[i] for i in rows], sps)
+        check_greedy(outputs, [hf_reference[i] for i in rows], sps)
+        state = engine.server_info()["internal_states"][0]
+        steps[name] = _steps(state["dspark_info_record"])
+        metas[name] = [(o["meta_info"]["spec_verify_ct"], o["meta_info"]["spec_accept_length"]) for o in outputs]
+    base, ours = steps["dspark_compact"], steps["hybrid_dspark_compact_no_ngram"]
+    assert len(base) > 5 and ours == base, (base, ours)
+    assert metas["hybrid_dspark_compact_no_ngram"] == metas["dspark_compact"]
+    full = {bs * (DSPARK_GAMMA + 1) for bs, _, _ in base}
+    assert any(v not in full for _, _, v in base), f"the SPS budget should trim some steps; saw {base}"
+
+
+def test_ngram_chain_is_chosen_and_accepts_past_the_dspark_block(engine_pool, prompts, hf_reference):
+    rows = _repeating_rows(prompts, hf_reference)
+    assert len(rows) >= 2, "the tiny target should repeat itself on some prompts"
+    engine = engine_pool.get("hybrid_dspark_compact")  # block 3, window 8
+    sps = [_greedy(MAX_NEW) for _ in rows]
+    outputs = engine.generate([prompts[i] for i in rows], sps)
+    check_greedy(outputs, [hf_reference[i] for i in rows], sps)
+    per_req = [o["meta_info"]["hybrid_spark"][-1] for o in outputs]
+    assert sum(m["ngram_chosen_steps"] for m in per_req) > 0, per_req
+    server = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    assert server["drafter"] == "dspark" and server["verify_mode"] == "compact"
+    assert (server["model_chain_tokens"], server["verify_window_tokens"]) == (DSPARK_GAMMA, 8), server
+    # One request accepted more drafts in one step than the DSpark block holds: more than gamma + 1 tokens.
+    assert server["max_accepted_drafts_in_step"] > DSPARK_GAMMA, server
+    assert server["accepted_ngram"] > 0 and server["verified_draft_tokens"] > 0, server
+
+
+@pytest.mark.parametrize("max_new", [3, 5, 6])
+def test_max_new_tokens_inside_an_accepted_ngram_chain(engine_pool, prompts, hf_reference, max_new):
+    rows = _repeating_rows(prompts, hf_reference)
+    engine = engine_pool.get("hybrid_dspark_compact")
+    # Warm the history: the same prompts continued past their repeats, then cut at max_new tokens.
+    prompts_cut = [list(prompts[i]) + list(hf_reference[i][:12]) for i in rows]
+    refs = [list(hf_reference[i][12:]) for i in rows]
+    sps = [_greedy(max_new) for _ in rows]
+    outputs = engine.generate(prompts_cut, sps)
+    check_greedy(outputs, refs, sps)
+
+
+def test_radix_prefix_reuse_and_slot_reuse_stay_lossless(engine_pool, tiny_models, prompts, hf_reference):
+    engine = engine_pool.get("hybrid_dspark_static")
+    long = prompts[5]  # 40 tokens, prefilled in 16-token chunks
+    first = engine.generate([long], [_greedy(12)])
+    check_greedy(first, [hf_reference[5]], [_greedy(12)])
+    # Shares the first 32 tokens with `long`: served from the radix cache, into a reused request slot.
+    variant = list(long[:32]) + [7, 8, 9, 10]
+    ref, _ = hf_greedy(tiny_models.target, variant, 12)
+    again = engine.generate([variant, long], [_greedy(12), _greedy(12)])
+    check_greedy(again, [ref, hf_reference[5]], [_greedy(12), _greedy(12)])
+    assert again[0]["meta_info"].get("cached_tokens", 0) > 0, again[0]["meta_info"]
