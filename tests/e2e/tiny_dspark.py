@@ -13,8 +13,10 @@ Facts it follows (measured in ``shared/design/dspark-on-cpu.md``):
 - Weights: ``layers.0.*``, ``norm``, ``hidden_norm``, ``fc`` [H, H x len(target_layer_ids)], the Markov head's
   ``markov_w1`` / ``markov_w2`` [V, rank] and the confidence head. Embeddings and LM head come from the target.
 
-The drafter proposes mostly wrong tokens (random weights), and its confidences vary around sigmoid(1) ~ 0.73:
-the n-gram chain is what makes accept lengths above one on repeating prompts, as with the other tiny drafters.
+The drafter proposes mostly wrong tokens (random weights): it accepts about a third of its first tokens. Its
+confidence head is set to say so (bias -0.8: confidences around sigmoid(-0.8) ~ 0.31, varying with the hidden
+state), as a calibrated head would; the n-gram chain is what makes long accepts on repeating prompts, as with the
+other tiny drafters.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import tempfile
 import torch
 
 MARKOV_RANK = 8
+BUILDER_VERSION = 2  # part of the directory name: bump on any change of the weights or the config
+CONFIDENCE_BIAS = -0.8
 
 
 def build_tiny_dspark(models, gamma: int = 3, confidence: bool = True, vocab_size: int | None = None) -> str:
@@ -36,7 +40,7 @@ def build_tiny_dspark(models, gamma: int = 3, confidence: bool = True, vocab_siz
     """
     spec = models.spec
     vocab = spec.vocab_size if vocab_size is None else int(vocab_size)
-    name = f"dspark-g{gamma}-c{int(confidence)}" + ("" if vocab_size is None else f"-v{vocab}")
+    name = f"dspark{BUILDER_VERSION}-g{gamma}-c{int(confidence)}" + ("" if vocab_size is None else f"-v{vocab}")
     out = os.path.join(models.root, name)
     if os.path.isfile(os.path.join(out, "DONE")):
         return out
@@ -113,5 +117,5 @@ def _write(out: str, models, gamma: int, confidence: bool, vocab: int) -> None:
     }
     if confidence:
         w["confidence_head.proj.weight"] = r(1, h + MARKOV_RANK, std=0.5)
-        w["confidence_head.proj.bias"] = torch.full((1,), 1.0)
+        w["confidence_head.proj.bias"] = torch.full((1,), CONFIDENCE_BIAS)
     save_file(w, os.path.join(out, "model.safetensors"))
