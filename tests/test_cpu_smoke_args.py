@@ -1,0 +1,58 @@
+"""``scripts/cpu_smoke.py`` argument handling (the engine runs themselves are exercised by hand; see the README)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+
+def _mod():
+    spec = importlib.util.spec_from_file_location("cpu_smoke", ROOT / "scripts" / "cpu_smoke.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dspark_runs_resolve_their_draft_mode_and_table():
+    m = _mod()
+    a = m.parse_args(["--prompts", "p.jsonl", "--algorithm", "DSPARK"])
+    assert a.draft == "dspark" and a.verify_mode == "static"
+    cfg = m.spec_config(a)
+    assert cfg.algorithm == "DSPARK" and cfg.draft == "dspark"
+    assert ("SGLANG_RAGGED_VERIFY_MODE", "static") in cfg.env
+    assert not any(k == "speculative_dspark_sps_table_path" for k, _ in cfg.engine_kwargs)
+    a = m.parse_args(["--prompts", "p.jsonl", "--algorithm", "HYBRID_SPARK", "--draft", "dspark",
+                      "--verify-mode", "compact", "--max-draft", "7"])
+    cfg = m.spec_config(a)
+    env = dict(cfg.env)
+    assert env["SGLANG_RAGGED_VERIFY_MODE"] == "compact" and env["SGLANG_HYBRID_MAX_DRAFT"] == "7"
+    table = dict(cfg.engine_kwargs)["speculative_dspark_sps_table_path"]
+    assert Path(table).is_file()
+
+
+@pytest.mark.parametrize("argv", [
+    ["--algorithm", "DSPARK", "--draft", "standalone"],
+    ["--algorithm", "EAGLE3", "--draft", "dspark"],
+    ["--algorithm", "HYBRID_SPARK", "--verify-mode", "compact"],  # a stand-alone draft has no verify modes
+    ["--algorithm", "HYBRID_SPARK", "--max-draft", "-1"],
+])
+def test_bad_combinations_are_refused(argv):
+    with pytest.raises(SystemExit) as e:
+        _mod().parse_args(["--prompts", "p.jsonl", *argv])
+    assert e.value.code == 2
+
+
+def test_step_figures_read_dsparks_dump_and_the_hybrid_metrics():
+    m = _mod()
+    state = {"dspark_info_record": {"records": [{"num_verify_tokens": 9}, {"num_verify_tokens": 14}]},
+             "hybrid_spark": {"max_verified_drafts_in_step": 7, "max_accepted_drafts_in_step": 6,
+                              "ngram_win_rate": 0.25}}
+    assert m.step_figures(state) == {"max_step_verify_tokens": 14, "max_request_verify_len": 7,
+                                     "max_request_accepted": 6, "ngram_step_share": 0.25}
+    assert m.step_figures({}) == {}
