@@ -41,7 +41,11 @@ def test_spec_greedy_equals_reference(engine_pool, spec_config, prompts, hf_refe
     counters = spec_counters(outputs)
     assert counters["verify_ct"] > 0
     if bs == 8:  # the drafters are useful: drafts get accepted, sometimes several in one step
-        assert counters["correct_drafts"] > 0 and counters["max_accepted_in_a_step"] >= 2, counters
+        assert counters["correct_drafts"] > 0, counters
+        if "dspark" not in spec_config:
+            # The random tiny DSpark block accepts at most one draft per step on these short requests; its long
+            # accepts come from the n-gram chain (test_dspark_e2e.py asserts more than gamma + 1 in one step).
+            assert counters["max_accepted_in_a_step"] >= 2, counters
 
 
 def test_spec_stop_token_and_string(engine_pool, spec_config, stop_batch, plain_stop_outputs, hf_reference):
