@@ -272,3 +272,42 @@ def _parse(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw.decode("utf-8", "replace")
+
+
+DEMO = ServerConfig("hybrid_spark_demo", algorithm="HYBRID_SPARK", draft="standalone")
+
+
+def demo_command(port: int, extra: List[str], workdir: str) -> Tuple[List[str], Dict[str, str], Any]:
+    """The launch_server command line and environment of ``scripts/serve_cpu_demo.sh`` (HYBRID_SPARK on the tiny
+    models, built here if needed, chat template written into ``workdir``), and the models."""
+    from tiny_models import build_tiny_models
+
+    models = build_tiny_models()
+    template = os.path.join(workdir, "tiny_chat.jinja")
+    with open(template, "w") as f:
+        f.write(CHAT_TEMPLATE)
+    kw = DEMO.resolve_kwargs(models)
+    kw.update(host=HOST, port=port, chat_template=template)
+    env = dict(ENGINE_ENV)
+    env.pop("SGLANG_PLUGINS")  # the user's own setting applies (the start-up check says if it filters us out)
+    env["PYTHONPATH"] = os.pathsep.join([STUB_DIR, REPO_ROOT])
+    return ["-m", "sglang.launch_server", *cli_flags(kw), *extra], env, models
+
+
+def _main(argv: List[str]) -> int:
+    """``python server_harness.py PORT WORKDIR [flags]``: print the demo's environment (``KEY=VALUE`` lines),
+    a ``--`` line, then one launch_server argument per line, then ``TOKENIZER=path`` (for bench_serving)."""
+    port, workdir, extra = int(argv[0]), argv[1], argv[2:]
+    args, env, models = demo_command(port, extra, workdir)
+    for k, v in env.items():
+        print(f"{k}={v}")
+    print("--")
+    for a in args:
+        print(a)
+    print("--")
+    print(f"TOKENIZER={models.tokenizer}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
