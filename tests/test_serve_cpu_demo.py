@@ -38,3 +38,28 @@ def test_demo_refuses_to_start_when_sglang_plugins_filters_the_plugin_out():
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 1
     assert "SGLANG_PLUGINS='some_other_plugin' filters out the 'hybrid_spark' plugin" in p.stderr, p.stderr
+
+
+def test_a_launched_server_group_dies_with_the_process_that_launched_it():
+    """``server_harness`` launches servers in their own session with PR_SET_PDEATHSIG: a test run that is killed
+    leaves no server behind."""
+    import time
+
+    code = (
+        "import os, subprocess, sys\n"
+        f"sys.path.insert(0, {os.path.join(ROOT, 'tests', 'e2e')!r})\n"
+        "from server_harness import _die_with_parent\n"
+        "p = subprocess.Popen(['sleep', '60'], start_new_session=True, preexec_fn=_die_with_parent)\n"
+        "print(p.pid, flush=True)\n"
+        "os._exit(0)\n"  # no cleanup, like a SIGKILLed test run
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    raise AssertionError("the launched process outlived its launcher")

@@ -43,6 +43,17 @@ CHAT_TEMPLATE = (
 SERVER_KWARGS: Dict[str, Any] = dict(log_level="info")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the launching thread dies (Linux ``PR_SET_PDEATHSIG``); SGLang's
+    own children exit when the launcher does."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except Exception:  # noqa: BLE001 - not Linux: the caller's finally-kill still applies
+        pass
+
+
 def free_port() -> int:
     """An unused TCP port on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -106,11 +117,9 @@ class Server:
 
     # -- life cycle ---------------------------------------------------------------------------------------
     @classmethod
-    def start(
-        cls, config: ServerConfig, models: Any, timeout_s: float = 420.0, extra_args: Tuple[str, ...] = ()
-    ) -> "Server":
-        """Launch the server and wait until ``/health`` answers 200 (raises :class:`ServerError`, after killing
-        the process group, if it dies or does not get healthy in ``timeout_s``)."""
+    def launch(cls, config: ServerConfig, models: Any, extra_args: Tuple[str, ...] = ()) -> "Server":
+        """Start the server process group and return at once (call :meth:`wait_healthy` next). The server gets
+        SIGKILL if this thread dies (so it cannot outlive a killed test run): launch from the main thread."""
         workdir = tempfile.mkdtemp(prefix=f"sglang-server-{config.name}-")
         template = os.path.join(workdir, "tiny_chat.jinja")
         with open(template, "w") as f:
@@ -127,20 +136,33 @@ class Server:
         env.pop("SGLANG_HYBRID_RESOLVED_DRAFT_KIND", None)
         env.update(dict(config.env))
         log_path = os.path.join(workdir, "server.log")
-        t0 = time.perf_counter()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=workdir,
+                start_new_session=True, cwd=workdir, preexec_fn=_die_with_parent,
             )
         srv = cls(config, proc, port, log_path, workdir)
-        try:
-            srv._wait_healthy(timeout_s)
-        except BaseException:
-            srv.kill()
-            raise
-        srv.start_s = time.perf_counter() - t0
+        srv._t0 = time.perf_counter()
         return srv
+
+    @classmethod
+    def start(
+        cls, config: ServerConfig, models: Any, timeout_s: float = 420.0, extra_args: Tuple[str, ...] = ()
+    ) -> "Server":
+        """Launch the server and wait until ``/health`` answers 200 (raises :class:`ServerError`, after killing
+        the process group, if it dies or does not get healthy in ``timeout_s``)."""
+        srv = cls.launch(config, models, extra_args)
+        srv.wait_healthy(timeout_s)
+        return srv
+
+    def wait_healthy(self, timeout_s: float = 420.0) -> None:
+        """Wait for ``/health`` = 200; on failure kill the process group and raise :class:`ServerError`."""
+        try:
+            self._wait_healthy(timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        self.start_s = time.perf_counter() - self._t0
 
     def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

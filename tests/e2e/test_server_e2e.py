@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List
@@ -51,22 +50,11 @@ def _greedy(max_new: int = MAX_NEW, **extra) -> dict:
 @pytest.fixture(scope="module")
 def servers(tiny_models):
     started: Dict[str, Server] = {}
-    errors: List[BaseException] = []
-
-    def start(cfg: ServerConfig) -> None:
-        try:
-            started[cfg.name] = Server.start(cfg, tiny_models)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=start, args=(cfg,)) for cfg in (PLAIN, HYBRID)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        for cfg in (PLAIN, HYBRID):  # both start at once; launched from this thread (they die with it)
+            started[cfg.name] = Server.launch(cfg, tiny_models)
+        for srv in started.values():
+            srv.wait_healthy()
         yield started
     finally:
         for srv in started.values():
