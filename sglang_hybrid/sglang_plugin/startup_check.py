@@ -31,7 +31,9 @@ def installed_entry_points() -> set:
     return {ep.name for ep in entry_points(group=GROUP)}
 
 
-def plugin_reach_problem(env: Optional[Mapping[str, str]] = None, names: Optional[Iterable[str]] = None) -> Optional[str]:
+def plugin_reach_problem(
+    env: Optional[Mapping[str, str]] = None, names: Optional[Iterable[str]] = None
+) -> Optional[str]:
     """One line saying why SGLang's processes will not load this plugin, or ``None`` when they will.
 
     ``env`` defaults to ``os.environ`` and ``names`` to the installed entry points; SGLang's filter is

@@ -252,7 +252,8 @@ def _bench(srv: Server, tiny_models, backend: str, out_file: str, num: int = 4) 
         "--port", str(srv.port), "--dataset-name", "random-ids", "--num-prompts", str(num),
         "--random-input-len", "16", "--random-output-len", "6", "--random-range-ratio", "1.0",
         "--tokenizer", tiny_models.tokenizer, "--model", tiny_models.target, "--output-file", out_file,
-        "--request-rate", "inf", "--seed", "1", "--disable-tqdm", "--ready-check-timeout-sec", "30", "--warmup-requests", "0",
+        "--request-rate", "inf", "--seed", "1", "--disable-tqdm", "--ready-check-timeout-sec", "30",
+        "--warmup-requests", "0",
     ]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=dict(os.environ, NO_PROXY="127.0.0.1"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
