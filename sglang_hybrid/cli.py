@@ -2,7 +2,8 @@
 
 Subcommands: ``simulate`` (replay workloads through the real drafting and selection code), ``workloads``
 (build the code-edit and chat workloads), ``calibrate`` (fit an n-gram calibration table) and ``check``
-(verify the installed SGLang matches the API the plugin was built for, and that HYBRID_SPARK registers).
+(verify the installed SGLang matches the API the plugin was built for, that HYBRID_SPARK registers, and
+that SGLang's processes will load the plugin: entry point installed, not filtered out by ``SGLANG_PLUGINS``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ def _check(argv: list[str]) -> int:
         print(f"  mismatch: {p}")
     ok = register()
     print("HYBRID_SPARK registered" if ok else "HYBRID_SPARK NOT registered")
-    return 0 if ok and not problems else 1
+    from .sglang_plugin.startup_check import plugin_reach_problem
+
+    reach = plugin_reach_problem()
+    print(reach or "SGLang's processes load the hybrid_spark plugin (entry point installed, not filtered)")
+    return 0 if ok and not problems and not reach else 1
 
 
 def main(argv: list[str] | None = None) -> int:

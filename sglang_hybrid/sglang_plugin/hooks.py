@@ -138,6 +138,9 @@ HOST_ATTRS: tuple[HostAttr, ...] = (
     # Metrics (observability.py): wrapped in the scheduler process when a HYBRID_SPARK worker is built.
     HostAttr("sglang.srt.managers.scheduler_components.internal_state:"
              "SchedulerInternalStateController._add_speculative", ("self", "state"), "/server_info metrics"),
+    HostAttr("sglang.srt.managers.scheduler_components.metrics_reporter:SchedulerMetricsReporter.update_spec_metrics",
+             ("self", "bs", "num_correct_drafts", "num_accept_tokens"),
+             "keeps spec_num_accept_tokens / spec_num_forward_ct (+ spec_total_*), read for avg_spec_accept_length"),
     HostAttr("sglang.srt.managers.scheduler_components.output_streamer:"
              "SchedulerOutputStreamer.build_additional_customized_info", ("self", "reqs"), "per-request meta_info"),
     HostAttr("sglang.srt.managers.scheduler_components.output_streamer:"

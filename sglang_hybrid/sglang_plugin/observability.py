@@ -3,6 +3,11 @@
 * ``/server_info`` -> ``internal_states[i]["hybrid_spark"]``: server-wide counters (tokens proposed and
   accepted by each drafter, mean accept length, n-gram win rate, current price), added after SGLang's own
   speculative fields (``SchedulerInternalStateController._add_speculative``).
+* ``/server_info`` -> ``internal_states[i]["avg_spec_accept_length"]``, the standard field SGLang's
+  ``bench_serving`` prints as "Accept length": SGLang folds its per-step counters into the lifetime totals only
+  every ``--decode-log-interval`` decode batches (40 by default), so the field is missing until then and lags
+  after, for every algorithm. While HYBRID_SPARK runs it is the live lifetime average over SGLang's own counters
+  (:func:`live_accept_length`: accepted tokens / request-steps, the pending window included).
 * per request, ``meta_info["hybrid_spark"]``: a one-element list holding that request's counters, emitted when
   it finishes (through SGLang's ``SchedulerOutputStreamer.build_additional_customized_info`` extension point).
 * a periodic log line every ``metrics_interval`` decode steps (in the worker).
@@ -66,6 +71,24 @@ def server_metrics() -> Optional[dict]:
     return m
 
 
+def live_accept_length(reporter) -> Optional[float]:
+    """SGLang's ``avg_spec_accept_length`` (accepted tokens per request-step) over the server's whole life,
+    including the decode batches not yet folded into the lifetime totals; ``None`` before the first decode step.
+
+    ``reporter`` is the scheduler's ``SchedulerMetricsReporter``: ``update_spec_metrics`` adds each decode batch to
+    ``spec_num_accept_tokens`` / ``spec_num_forward_ct``, and every ``decode_log_interval`` batches those move into
+    ``spec_total_num_accept_tokens`` / ``spec_total_num_forward_ct`` (host integers, no device access)."""
+    steps = int(getattr(reporter, "spec_total_num_forward_ct", 0) or 0) + int(
+        getattr(reporter, "spec_num_forward_ct", 0) or 0
+    )
+    if steps <= 0:
+        return None
+    accepted = int(getattr(reporter, "spec_total_num_accept_tokens", 0) or 0) + int(
+        getattr(reporter, "spec_num_accept_tokens", 0) or 0
+    )
+    return accepted / steps
+
+
 def install(step: HybridStep, extra: Optional[Callable[[], dict]] = None) -> None:
     """Point the metrics at ``step`` and patch SGLang's two reporting points (idempotent). ``extra``: a
     host-side callable whose fields are added to the server-wide metrics."""
@@ -81,6 +104,9 @@ def install(step: HybridStep, extra: Optional[Callable[[], dict]] = None) -> Non
             orig_add(self, state)
             m = server_metrics()
             if m is not None:
+                live = live_accept_length(getattr(self.scheduler, "metrics_reporter", None))
+                if live is not None:
+                    state["avg_spec_accept_length"] = live
                 state[META_KEY] = m
 
         _add_speculative._hybrid = True

@@ -43,4 +43,10 @@ def register() -> bool:
     if get_spec(ALGO_NAME) is None:
         SpeculativeAlgorithm.register(ALGO_NAME, supports_overlap=True, spec_class=HybridSparkAlgo)(worker_factory)
     _STATE["registered"] = True
+    from .startup_check import plugin_reach_problem
+
+    reach = plugin_reach_problem()
+    if reach:
+        # Registered by hand in this process, but SGLang's spawned scheduler will not follow.
+        logger.warning("%s (HYBRID_SPARK is registered in this process only, not in SGLang's scheduler)", reach)
     return True

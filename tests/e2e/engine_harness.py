@@ -200,7 +200,7 @@ _register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact", env=(_GUARD
 
 LOSSLESS_SPEC_CONFIGS: List[str] = [
     "standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3", "hybrid_spark_wide",
-    "hybrid_dspark_static", "hybrid_dspark_compact",
+    "hybrid_dspark_compact",
 ]
 """Speculative configurations ``tests/e2e/test_spec_e2e.py`` checks for losslessness (append to add more)."""
 

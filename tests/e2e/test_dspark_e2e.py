@@ -1,10 +1,11 @@
 """HYBRID_SPARK on a DSpark drafter inside the real SGLang engine on CPU, against SGLang's own DSPARK.
 
 The losslessness suite of ``test_spec_e2e.py`` (greedy bs 1-8, stop token / string, abort, sampling chi-square)
-also runs on ``hybrid_dspark_static`` (16-token chunked prefill) and ``hybrid_dspark_compact`` (window 8), both
-under ``SGLANG_HYBRID_SYNC_GUARD=1``. This module adds what is particular to DSpark:
+also runs on ``hybrid_dspark_compact`` (the ragged verify, window 8), under ``SGLANG_HYBRID_SYNC_GUARD=1``. This
+module adds what is particular to DSpark:
 
-- greedy output at bs 1, 2 and 4 in cap-accept mode (budgeted verify lengths, full window computed);
+- greedy output at bs 1, 2 and 4 in the static (16-token chunked prefill) and cap-accept (budgeted verify lengths,
+  full window computed) modes;
 - with the n-gram drafter off, the outputs, every step's budget and verified tokens (DSpark's own step dump,
   ``SGLANG_DSPARK_DEBUG_DUMP=core``) and every request's verify steps and accept length equal SGLang's DSPARK in
   compact mode: the merge is the identity then. (Per-request verify lengths are not dumped on CPU: DSpark stages
@@ -53,15 +54,17 @@ def _steps(info: dict) -> List[tuple]:
     return [(r["bs"], r.get("budget"), r["num_verify_tokens"]) for r in info["records"]]
 
 
+@pytest.mark.parametrize("config, mode", [("hybrid_dspark_static", "static"), ("hybrid_dspark_cap", "cap-accept")])
 @pytest.mark.parametrize("bs", [1, 2, 4])
-def test_cap_accept_greedy_equals_reference(engine_pool, prompts, hf_reference, bs):
-    engine = engine_pool.get("hybrid_dspark_cap")
+def test_static_and_cap_accept_greedy_equals_reference(engine_pool, prompts, hf_reference, config, mode, bs):
+    engine = engine_pool.get(config)
+    rows = [5, 2, 8, 4][:bs]  # 40, 17, 28 and 33 tokens: chunked in 16-token pieces in the static config
     sps = [_greedy(16 if i % 2 == 0 else 9) for i in range(bs)]
-    outputs = engine.generate(prompts[:bs], sps)
-    check_greedy(outputs, hf_reference[:bs], sps)
+    outputs = engine.generate([prompts[i] for i in rows], sps)
+    check_greedy(outputs, [hf_reference[i] for i in rows], sps)
     info = engine.server_info()
     assert info["disable_overlap_schedule"] is False
-    assert info["internal_states"][0]["hybrid_spark"]["verify_mode"] == "cap-accept"
+    assert info["internal_states"][0]["hybrid_spark"]["verify_mode"] == mode
 
 
 def test_without_ngram_equals_sglang_dspark_step_by_step(engine_pool, prompts, hf_reference):
