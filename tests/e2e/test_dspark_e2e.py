@@ -16,6 +16,8 @@ module adds what is particular to DSpark:
   chain cuts the output exactly;
 - radix-cache prefix reuse and request-slot reuse stay lossless;
 - the overlap scheduler is on.
+
+Tests are ordered so that each engine starts once (the pool keeps two alive).
 """
 
 from __future__ import annotations
@@ -67,6 +69,19 @@ def test_static_and_cap_accept_greedy_equals_reference(engine_pool, prompts, hf_
     assert info["internal_states"][0]["hybrid_spark"]["verify_mode"] == mode
 
 
+def test_radix_prefix_reuse_and_slot_reuse_stay_lossless(engine_pool, tiny_models, prompts, hf_reference):
+    engine = engine_pool.get("hybrid_dspark_static")
+    long = prompts[5]  # 40 tokens, prefilled in 16-token chunks
+    first = engine.generate([long], [_greedy(12)])
+    check_greedy(first, [hf_reference[5]], [_greedy(12)])
+    # Shares the first 32 tokens with `long`: served from the radix cache, into a reused request slot.
+    variant = list(long[:32]) + [7, 8, 9, 10]
+    ref, _ = hf_greedy(tiny_models.target, variant, 12)
+    again = engine.generate([variant, long], [_greedy(12), _greedy(12)])
+    check_greedy(again, [ref, hf_reference[5]], [_greedy(12), _greedy(12)])
+    assert again[0]["meta_info"].get("cached_tokens", 0) > 0, again[0]["meta_info"]
+
+
 def test_without_ngram_equals_sglang_dspark_step_by_step(engine_pool, prompts, hf_reference):
     """enable_ngram=false: same outputs and the same per-request verify lengths as DSPARK (compact, SPS table)."""
     rows = [0, 1, 2, 3]
@@ -113,16 +128,3 @@ def test_max_new_tokens_inside_an_accepted_ngram_chain(engine_pool, prompts, hf_
     sps = [_greedy(max_new) for _ in rows]
     outputs = engine.generate(prompts_cut, sps)
     check_greedy(outputs, refs, sps)
-
-
-def test_radix_prefix_reuse_and_slot_reuse_stay_lossless(engine_pool, tiny_models, prompts, hf_reference):
-    engine = engine_pool.get("hybrid_dspark_static")
-    long = prompts[5]  # 40 tokens, prefilled in 16-token chunks
-    first = engine.generate([long], [_greedy(12)])
-    check_greedy(first, [hf_reference[5]], [_greedy(12)])
-    # Shares the first 32 tokens with `long`: served from the radix cache, into a reused request slot.
-    variant = list(long[:32]) + [7, 8, 9, 10]
-    ref, _ = hf_greedy(tiny_models.target, variant, 12)
-    again = engine.generate([variant, long], [_greedy(12), _greedy(12)])
-    check_greedy(again, [ref, hf_reference[5]], [_greedy(12), _greedy(12)])
-    assert again[0]["meta_info"].get("cached_tokens", 0) > 0, again[0]["meta_info"]
