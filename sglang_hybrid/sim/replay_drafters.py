@@ -10,9 +10,11 @@ proposed tokens per step, accepted per step and the share of steps with at least
 Drafters (the project's own code on CPU, torch backends; no SGLang import):
   ngram     the per-request n-gram drafter (``TokenHistory.lookup``, n 2-8, window 0, max_draft K);
   corpus    the cross-request corpus alone (``NgramCorpus.lookup``; draft length set by its confidence);
-  combined  per step the candidate with the higher expected accepted length: the n-gram's from the shipped
-            calibration table (sum of survivals), the corpus's from its calibration (``corpus_calibration``)
-            or, without one, its own score. This is the choice the worker makes between the two.
+  combined  both candidates, each priced by its online-calibrated survival (``calibration/online.py``:
+            priors from the shipped n-gram table and from the corpus's own q, corrected by the verify
+            outcomes seen so far), each cut where the survival falls below ``min_survival`` (the price of a
+            verified token), and per step the one with the higher expected accepted length proposed. This is
+            the choice the worker makes between the two sources.
 """
 
 from __future__ import annotations
@@ -79,12 +81,13 @@ class _Replayer:
     """One drafter over one workload at one K; a single history slot reused request after request."""
 
     def __init__(self, drafter: str, K: int, width: int, corpus_cfg: CorpusConfig,
-                 corpus_calibration: Any = None) -> None:
+                 min_survival: float = 0.2, combined_n_max: int = 8) -> None:
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         self.drafter, self.K = drafter, K
         self.hist = TokenHistory(1, width, "cpu", backend="torch", max_batch_size=1, max_draft=K)
-        self.cfg = NgramConfig(n_min=2, n_max=8, max_draft=K, window=0)
+        n_max = combined_n_max if drafter == "combined" else 8
+        self.cfg = NgramConfig(n_min=2, n_max=n_max, max_draft=K, window=0)
         self.slot = torch.zeros(1, dtype=torch.int64)
         self.new = torch.zeros((1, K + 1), dtype=torch.int32)
         self.cnt = torch.zeros(1, dtype=torch.int32)
@@ -95,10 +98,16 @@ class _Replayer:
         if drafter == "combined":
             from ..calibration import CalibrationTable
 
+            from ..calibration.online import OnlineCalibration
+
             self.cal = CalibrationTable.load_default().to_device("cpu")
-            self.q = torch.zeros((1, K), dtype=torch.float32)
-            self.surv = torch.zeros((1, K), dtype=torch.float32)
-        self.corpus_cal = corpus_calibration
+            self.online = OnlineCalibration(K, "cpu")
+            self.prior = [torch.zeros((1, K), dtype=torch.float32) for _ in range(2)]
+            self.q = [torch.zeros((1, K), dtype=torch.float32) for _ in range(2)]
+            self.surv = [torch.zeros((1, K), dtype=torch.float32) for _ in range(2)]
+            self._scratch = torch.zeros((1, K), dtype=torch.float32)
+        self.min_survival = min_survival
+        self._cands: tuple = ()
 
     def _propose(self) -> tuple[list[int], bool]:
         """(draft tokens, from the corpus?)."""
@@ -111,18 +120,26 @@ class _Replayer:
             return ng.tokens[0, : int(ng.length[0])].tolist(), False
         if self.drafter == "corpus":
             return cp.tokens[0, : int(cp.length[0])].tolist(), True
-        ln, lc = int(ng.length[0]), int(cp.length[0])
-        e_ng = 0.0
-        if ln:
-            self.cal.apply(ng, None, self.q, self.surv)
-            e_ng = float(self.surv[0, :ln].sum())
-        e_cp = 0.0
-        if lc:
-            e_cp = (self.corpus_cal.expected(cp)[0] if self.corpus_cal is not None
-                    else float(cp.score[0]) / 65536.0)
-        if lc and e_cp > e_ng:
-            return cp.tokens[0, :lc].tolist(), True
-        return ng.tokens[0, :ln].tolist(), False
+        # Both candidates priced by their online-calibrated survival; each is cut where the survival falls
+        # below min_survival (the price of a verified token), and the one with more expected tokens wins.
+        self.cal.apply(ng, None, self.prior[0], self._scratch)
+        self.prior[1].copy_(cp.q.float() / 65536.0)
+        best, pick = 0.0, None
+        for src, d in enumerate((ng, cp)):
+            self.online.estimate(src, d.length, d.match_len, d.match_count, self.prior[src], self.q[src],
+                                 self.surv[src])
+            sv = self.surv[src][0]
+            keep = int((sv >= self.min_survival).sum())
+            e = float(sv[:keep].sum())
+            if keep and e > best:
+                best, pick = e, (d.tokens[0, :keep].tolist(), src == 1)
+        self._cands = (ng, cp)
+        return pick if pick is not None else ([], False)
+
+    def _learn(self) -> None:
+        """Shadow-verify both candidates against the produced tokens (combined drafter only)."""
+        for src, d in enumerate(self._cands):
+            self.online.update(src, d.tokens, d.length, d.match_len, d.match_count, self.new, self.cnt)
 
     def run(self, recs: Sequence[tuple[list[int], list[int]]]) -> _Tally:
         t = _Tally()
@@ -141,6 +158,8 @@ class _Replayer:
                 self.new[0, :produced] = torch.tensor(out[pos: pos + produced], dtype=torch.int32)
                 self.cnt[0] = produced
                 self.hist.append(self.slot, self.new, self.cnt)
+                if self.drafter == "combined":
+                    self._learn()
                 if self.corpus is not None:
                     self.corpus.insert(self.hist, self.slot, self.cnt)
                 steps += 1
@@ -156,7 +175,7 @@ class _Replayer:
 
 
 def replay(recs: Sequence[tuple[list[int], list[int]]], drafter: str, K: int,
-           corpus_cfg: Optional[CorpusConfig] = None, corpus_calibration: Any = None) -> dict:
+           corpus_cfg: Optional[CorpusConfig] = None, min_survival: float = 0.2, combined_n_max: int = 8) -> dict:
     """Replay one drafter at one K; returns the figures (plus ``per_request_steps``)."""
     if K < 1:
         raise ValueError(f"K must be >= 1, got {K}")
@@ -164,7 +183,7 @@ def replay(recs: Sequence[tuple[list[int], list[int]]], drafter: str, K: int,
     width = max(len(p) + len(o) for p, o in recs) + 1
     width = (width + 63) // 64 * 64
     t0 = time.time()
-    t = _Replayer(drafter, K, width, corpus_cfg, corpus_calibration).run(recs)
+    t = _Replayer(drafter, K, width, corpus_cfg, min_survival, combined_n_max).run(recs)
     S = max(t.steps, 1)
     res = {"drafter": drafter, "K": K, "requests": len(recs), "output_tokens": t.out, "steps": t.steps,
            "tokens_per_step": t.out / S, "proposed_per_step": t.proposed / S, "accepted_per_step": t.accepted / S,
@@ -187,7 +206,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-tau", type=float, default=CorpusConfig.tau, help="corpus survival threshold")
     p.add_argument("--corpus-n-max", type=int, default=CorpusConfig.n_max)
     p.add_argument("--corpus-prompts", action="store_true", help="also insert prompts into the corpus")
-    p.add_argument("--corpus-calibration", default="", help="corpus calibration JSON ('' = the corpus score)")
+    p.add_argument("--min-survival", type=float, default=0.2,
+                   help="combined: cut a candidate where its calibrated survival falls below this (the price)")
+    p.add_argument("--combined-n-max", type=int, default=8,
+                   help="combined: longest suffix the per-request n-gram compares (the ngram drafter keeps 8)")
     return p
 
 
@@ -211,11 +233,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (TypeError, ValueError) as e:
         print(f"replay-drafters: {e} (from --corpus-* options)", file=sys.stderr)
         return 2
-    cal = None
-    if args.corpus_calibration:
-        from ..calibration.corpus_cal import CorpusCalibration
-
-        cal = CorpusCalibration.load(args.corpus_calibration)
+    if not 0.0 < args.min_survival <= 1.0:
+        print(f"replay-drafters: --min-survival must be in (0, 1], got {args.min_survival}", file=sys.stderr)
+        return 2
     if not args.json:
         print("| workload | K | drafter | tokens/step | proposed/step | steps with >= 1 accepted |")
         print("|---|---:|---|---:|---:|---:|")
@@ -223,7 +243,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         recs = load_workload(path, args.limit)
         for K in ks:
             for d in drafters:
-                res = replay(recs, d, K, cfg, cal)
+                res = replay(recs, d, K, cfg, args.min_survival, args.combined_n_max)
                 res["workload"] = path
                 if args.json:
                     if not args.per_request:
