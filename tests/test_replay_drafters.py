@@ -56,6 +56,8 @@ def test_protocol_on_a_known_workload() -> None:
     two = rd.replay([req, req], "corpus", 8, CorpusConfig(entries=1 << 10, tau=0.1))
     first, second = two["per_request_steps"]
     assert second < first
+    iso = rd.replay([req, req], "corpus", 8, CorpusConfig(entries=1 << 10, tau=0.1, isolation="tenant"))
+    assert iso["per_request_steps"] == [first, first]  # per-request corpora: the second learns nothing new
     assert two["proposed_per_step"] > 0 and 0 < two["frac_steps_accepted"] <= 1
 
 

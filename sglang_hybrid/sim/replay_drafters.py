@@ -89,6 +89,7 @@ class _Replayer:
         n_max = combined_n_max if drafter == "combined" else 8
         self.cfg = NgramConfig(n_min=2, n_max=n_max, max_draft=K, window=0)
         self.slot = torch.zeros(1, dtype=torch.int64)
+        self.tenant = torch.zeros(1, dtype=torch.int32)  # = request index with isolation "tenant"
         self.new = torch.zeros((1, K + 1), dtype=torch.int32)
         self.cnt = torch.zeros(1, dtype=torch.int32)
         self.corpus = None
@@ -115,7 +116,7 @@ class _Replayer:
         if self.drafter in ("ngram", "combined"):
             ng = self.hist.lookup(self.slot, self.cfg)
         if self.corpus is not None:
-            cp = self.corpus.lookup(self.hist, self.slot)
+            cp = self.corpus.lookup(self.hist, self.slot, self.tenant)
         if self.drafter == "ngram":
             return ng.tokens[0, : int(ng.length[0])].tolist(), False
         if self.drafter == "corpus":
@@ -143,11 +144,13 @@ class _Replayer:
 
     def run(self, recs: Sequence[tuple[list[int], list[int]]]) -> _Tally:
         t = _Tally()
-        for prompt, out in recs:
+        for rid, (prompt, out) in enumerate(recs):
+            self.tenant[0] = rid
             p = torch.tensor([prompt], dtype=torch.int32) if prompt else torch.zeros((1, 1), dtype=torch.int32)
             self.hist.write_prompt(self.slot, p, torch.tensor([len(prompt)], dtype=torch.int32))
             if self.corpus is not None and self.corpus.cfg.insert_prompts and prompt:
-                self.corpus.insert_prompt(self.hist, self.slot, torch.tensor([len(prompt)], dtype=torch.int32))
+                self.corpus.insert_prompt(self.hist, self.slot, torch.tensor([len(prompt)], dtype=torch.int32),
+                                          self.tenant)
             pos, steps, olen = 0, 0, len(out)
             while pos < olen:
                 draft, from_corpus = self._propose()
@@ -161,7 +164,7 @@ class _Replayer:
                 if self.drafter == "combined":
                     self._learn()
                 if self.corpus is not None:
-                    self.corpus.insert(self.hist, self.slot, self.cnt)
+                    self.corpus.insert(self.hist, self.slot, self.cnt, self.tenant)
                 steps += 1
                 t.proposed += len(draft)
                 t.accepted += acc
@@ -206,6 +209,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-tau", type=float, default=CorpusConfig.tau, help="corpus survival threshold")
     p.add_argument("--corpus-n-max", type=int, default=CorpusConfig.n_max)
     p.add_argument("--corpus-prompts", action="store_true", help="also insert prompts into the corpus")
+    p.add_argument("--corpus-isolation", default="shared", choices=("shared", "tenant"),
+                   help="shared: one corpus for all requests; tenant: every request is its own tenant (the "
+                        "corpus then only holds the request's own tokens)")
     p.add_argument("--min-survival", type=float, default=0.2,
                    help="combined: cut a candidate where its calibrated survival falls below this (the price)")
     p.add_argument("--combined-n-max", type=int, default=8,
@@ -227,7 +233,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 2
     cfg = CorpusConfig(entries=args.corpus_entries, tau=args.corpus_tau, n_max=args.corpus_n_max,
-                       insert_prompts=args.corpus_prompts)
+                       insert_prompts=args.corpus_prompts, isolation=args.corpus_isolation)
     try:
         cfg.validate()
     except (TypeError, ValueError) as e:
