@@ -24,9 +24,11 @@ def test_prior_then_evidence() -> None:
     # 40 candidates of 3 tokens, all accepted: the estimate moves towards 1 in that cell only.
     for _ in range(40):
         cal.update(1, torch.tensor([[7, 8, 9, 0]]), torch.tensor([3]), torch.tensor([2]), torch.tensor([5]),
-                   torch.tensor([[7, 8, 9, 3, 3]]), torch.tensor([5]))
+                   torch.full((1, 4), 0.5), torch.tensor([[7, 8, 9, 3, 3]]), torch.tensor([5]))
     q, _ = _est(cal, 1, 3, 2, 5, 0.5)
-    assert q[:3].tolist() == pytest.approx([(40 + 2) / 44] * 3)
+    assert q[:3].tolist() == pytest.approx([0.5 * 44 / 24] * 3)  # prior * (accepts + 4) / (predicted + 4)
+    q, _ = _est(cal, 1, 3, 2, 5, 0.25)  # a candidate with a lower prior in the same cell keeps its rank
+    assert q[:3].tolist() == pytest.approx([0.25 * 44 / 24] * 3)
     assert _est(cal, 0, 3, 2, 5, 0.5)[0][0] == 0.5  # the other source is untouched
     assert _est(cal, 1, 3, 2, 100, 0.5)[0][0] == 0.5  # and another count bucket
 
@@ -35,11 +37,11 @@ def test_trials_stop_at_the_first_miss_and_at_the_known_tokens() -> None:
     cal = OnlineCalibration(4, "cpu")
     # draft 1 2 3 4; truth 1 2 9 (3 known): positions 1, 2 accepted, 3 rejected, 4 not reached.
     cal.update(0, torch.tensor([[1, 2, 3, 4]]), torch.tensor([4]), torch.tensor([3]), torch.tensor([1]),
-               torch.tensor([[1, 2, 9, 0]]), torch.tensor([3]))
-    assert cal.trials.sum().item() == 3 and cal.accepts.sum().item() == 2
+               torch.full((1, 4), 0.5), torch.tensor([[1, 2, 9, 0]]), torch.tensor([3]))
+    assert cal.trials.sum().item() == 3 and cal.accepts.sum().item() == 2 and cal.predicted.sum().item() == 1.5
     # draft 1 2 3 4; truth 1 2 (2 known, all matched): positions 3, 4 are censored.
     cal.update(0, torch.tensor([[1, 2, 3, 4]]), torch.tensor([4]), torch.tensor([3]), torch.tensor([1]),
-               torch.tensor([[1, 2, 0, 0]]), torch.tensor([2]))
+               torch.full((1, 4), 0.5), torch.tensor([[1, 2, 0, 0]]), torch.tensor([2]))
     assert cal.trials.sum().item() == 5 and cal.accepts.sum().item() == 4
 
 

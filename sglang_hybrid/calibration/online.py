@@ -2,19 +2,22 @@
 
 A fitted table (``table.py``) is fit once on other text; a deployment's traffic can differ (chat vs code
 edits), and the corpus's own estimates (``q = best / (total + alpha)``) are only a prior. This module keeps,
-per cell (source, match length, count bucket, draft position), how often a drafted token was reached and
-how often it was accepted, and estimates::
+per cell (source, match length, count bucket, draft position), how often a drafted token was reached, how
+often it was accepted and how many acceptances its prior predicted, and corrects each candidate's own prior
+by the cell's observed / predicted ratio::
 
-    q(cell) = (accepts + s * prior) / (trials + s)        # s = ``strength`` pseudo-trials of the prior
+    q = min(1, prior * (accepts + s) / (predicted + s))    # s = ``strength`` pseudo-acceptances
 
-so a cell starts at its prior and moves to the measured rate as evidence accumulates. Every candidate,
+so a cell starts at its prior and converges to the measured rate, while candidates within a cell keep their
+own ranking (the corpus's per-token ``q``, for example, still separates a 9-in-10 continuation from a
+1-in-2 one in the same cell). Every candidate,
 chosen or not, is scored after each step against the tokens the target produced ("shadow verification"):
 position ``j`` is a trial if the tokens before it matched and the true token at ``j`` is known; it is an
 accept if it matched. Positions past the known tokens are not counted (censored).
 
 Sources: ``0`` = per-request n-gram (``NgramDraft``), ``1`` = corpus (``CorpusDraft``). Features: ``match_len``
 clamped to ``[0, 15]``, ``match_count`` bucketed by ``floor(log2)`` into ``[0, 7]``, position ``1 .. max_draft``.
-Memory: ``2 * 16 * 8 * max_draft * 2`` float32. Both calls are fixed-shape torch ops on preallocated state
+Memory: ``2 * 16 * 8 * max_draft * 3`` float32. Both calls are fixed-shape torch ops on preallocated state
 (no host synchronisation; the per-call temporaries are small ``[bs, D]`` tensors).
 """
 
@@ -37,6 +40,7 @@ class OnlineCalibration:
         shape = (sources, _ML, _CB, max_draft)
         self.trials = torch.zeros(shape, dtype=torch.float32, device=device)
         self.accepts = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.predicted = torch.zeros(shape, dtype=torch.float32, device=device)
         self._pos = torch.arange(max_draft, device=device)
 
     def _cells(self, source: int, match_len: torch.Tensor, match_count: torch.Tensor, D: int) -> torch.Tensor:
@@ -53,16 +57,16 @@ class OnlineCalibration:
         """``out_q / out_survival [bs, D]`` (float32, 0 past ``length``) from the counts and ``prior [bs, D]``."""
         D = out_q.shape[1]
         cell = self._cells(source, match_len, match_count, D)
-        n, a = self.trials.view(-1)[cell], self.accepts.view(-1)[cell]
-        q = (a + self.strength * prior.float()) / (n + self.strength)
+        e, a = self.predicted.view(-1)[cell], self.accepts.view(-1)[cell]
+        q = torch.clamp(prior.float() * (a + self.strength) / (e + self.strength), max=1.0)
         q = torch.where(self._pos[None, :D] < length.long()[:, None], q, torch.zeros_like(q))
         out_q.copy_(q)
         out_survival.copy_(torch.cumprod(q, dim=1))
 
     def update(self, source: int, tokens: torch.Tensor, length: torch.Tensor, match_len: torch.Tensor,
-               match_count: torch.Tensor, truth: torch.Tensor, truth_len: torch.Tensor) -> None:
-        """Score a candidate (``tokens [bs, D]``, ``length``) against the produced tokens ``truth [bs, >=D]``
-        (valid up to ``truth_len``) and add its trials / accepts."""
+               match_count: torch.Tensor, prior: torch.Tensor, truth: torch.Tensor, truth_len: torch.Tensor) -> None:
+        """Score a candidate (``tokens [bs, D]``, ``length``, its ``prior [bs, D]``) against the produced
+        tokens ``truth [bs, >=D]`` (valid up to ``truth_len``); add its trials, accepts and predicted accepts."""
         D = tokens.shape[1]
         pos = self._pos[None, :D]
         known = (pos < length.long()[:, None]) & (pos < truth_len.long()[:, None])
@@ -72,3 +76,5 @@ class OnlineCalibration:
         cell = self._cells(source, match_len, match_count, D)
         self.trials.view(-1).scatter_add_(0, cell.reshape(-1), trial.reshape(-1).float())
         self.accepts.view(-1).scatter_add_(0, cell.reshape(-1), (trial & eq).reshape(-1).float())
+        self.predicted.view(-1).scatter_add_(0, cell.reshape(-1),
+                                             torch.where(trial, prior[:, :D].float(), 0.0).reshape(-1))

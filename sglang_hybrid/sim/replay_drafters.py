@@ -140,7 +140,8 @@ class _Replayer:
     def _learn(self) -> None:
         """Shadow-verify both candidates against the produced tokens (combined drafter only)."""
         for src, d in enumerate(self._cands):
-            self.online.update(src, d.tokens, d.length, d.match_len, d.match_count, self.new, self.cnt)
+            self.online.update(src, d.tokens, d.length, d.match_len, d.match_count, self.prior[src], self.new,
+                               self.cnt)
 
     def run(self, recs: Sequence[tuple[list[int], list[int]]]) -> _Tally:
         t = _Tally()
