@@ -75,7 +75,7 @@ def _run_lookup(tables, coef, hist, slots, tenant, D, n_max, alpha, tau):
     return a
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_insert_and_lookup_agree_exactly(seed: int) -> None:
     """Random histories over a small vocabulary (many repeats), a small table (contests, ageing, takeovers),
     ring wrap-around, out-of-range slots, tenants and both insert modes: three implementations agree."""
