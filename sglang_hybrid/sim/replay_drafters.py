@@ -24,9 +24,8 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-import numpy as np
 import torch
 
 from ..ngram import NgramConfig, TokenHistory
