@@ -10,7 +10,7 @@ proposed tokens per step, accepted per step and the share of steps with at least
 Drafters (the project's own code on CPU, torch backends; no SGLang import):
   ngram     the per-request n-gram drafter (``TokenHistory.lookup``, n 2-8, window 0, max_draft K);
   corpus    the cross-request corpus alone (``NgramCorpus.lookup``; draft length set by its confidence);
-  combined  both candidates, each priced by its online-calibrated survival (``calibration/online.py``:
+  combined  both candidates, each priced by its online-calibrated survival (``calibration/candidate_online.py``:
             priors from the shipped n-gram table and from the corpus's own q, corrected by the verify
             outcomes seen so far), each cut where the survival falls below ``min_survival`` (the price of a
             verified token), and per step the one with the higher expected accepted length proposed. This is
@@ -98,7 +98,7 @@ class _Replayer:
         if drafter == "combined":
             from ..calibration import CalibrationTable
 
-            from ..calibration.online import OnlineCalibration
+            from ..calibration.candidate_online import OnlineCalibration
 
             self.cal = CalibrationTable.load_default().to_device("cpu")
             self.online = OnlineCalibration(K, "cpu")

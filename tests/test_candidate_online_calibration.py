@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_hybrid.calibration.online import OnlineCalibration
+from sglang_hybrid.calibration.candidate_online import OnlineCalibration
 
 
 def _est(cal, src, length, ml, mc, prior, D=4):
