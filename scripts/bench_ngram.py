@@ -12,6 +12,11 @@ every request drafts and the whole row is scanned (window 0). The table width eq
 Example (CPU subset)::
 
     python scripts/bench_ngram.py --bs 1,4,32 --hist 1k,8k,32k --repeats 5
+
+``--corpus`` benchmarks the cross-request corpus instead (``sglang_hybrid/ngram/corpus.py``): one batched
+lookup (draft walk, max_draft 16) and one batched insert of ``APPEND_K`` tokens per request, on a table of
+``--corpus-entries`` entries pre-filled from the histories (the issue's budget: lookup + insert under 30 us
+at batch 128 on the GPU). The history length column is the ``TokenHistory`` width the contexts come from.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sglang_hybrid.ngram import NgramConfig, TokenHistory  # noqa: E402
+from sglang_hybrid.ngram.corpus import CorpusConfig, NgramCorpus  # noqa: E402
 
 APPEND_K = 17  # accepted draft tokens + bonus per step (max_draft 16 + 1)
 
@@ -92,6 +98,21 @@ def bench_cell(bs: int, hist: int, device: torch.device, backend: str, args: arg
     return lookup_us, append_us
 
 
+def bench_corpus_cell(bs: int, hist: int, device: torch.device, backend: str,
+                      args: argparse.Namespace) -> tuple[float, float]:
+    """``(lookup_us, insert_us)`` of the corpus for one configuration."""
+    h = _make_table(bs, hist, device, backend if backend == "torch" else "auto", args.vocab, seed=bs * 31 + hist)
+    c = NgramCorpus(CorpusConfig(entries=args.corpus_entries), device, backend=backend, max_batch_size=bs,
+                    max_draft=16)
+    slots = torch.arange(bs, dtype=torch.int32, device=device)
+    plen = torch.full((bs,), hist, dtype=torch.int32, device=device)
+    c.insert_prompt(h, slots, plen, max_prompt_len=min(hist, 4 * c.cfg.insert_chunk))  # something to find
+    counts = torch.full((bs,), APPEND_K, dtype=torch.int32, device=device)
+    lookup_us = _time_us(lambda: c.lookup(h, slots), device, args.repeats, args.warmup, args.cuda_graph)
+    insert_us = _time_us(lambda: c.insert(h, slots, counts), device, args.repeats, args.warmup, args.cuda_graph)
+    return lookup_us, insert_us
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bs", default="1,4,32,128", help="batch sizes, comma-separated")
@@ -104,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=_size, default=0, help="skip cells with bs*hist above this (0 = none)")
     p.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (GPU only)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--corpus", action="store_true", help="benchmark the cross-request corpus (lookup, insert)")
+    p.add_argument("--corpus-entries", type=_size, default=1 << 21, help="corpus table entries (power of two)")
     args = p.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -115,10 +138,17 @@ def main(argv: list[str] | None = None) -> None:
     hists = [_size(x) for x in args.hist.split(",")]
     name = (torch.cuda.get_device_name(device) if device.type == "cuda"
             else f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)")
-    print(f"n-gram drafter, device {name}, torch {torch.__version__}, n_min=2 n_max=8 max_draft=16 window=0, "
-          f"append K={APPEND_K}; median of {args.repeats} (us){', CUDA graph replay' if args.cuda_graph else ''}")
+    graph = ', CUDA graph replay' if args.cuda_graph else ''
+    if args.corpus:
+        print(f"n-gram corpus, device {name}, torch {torch.__version__}, entries={args.corpus_entries} "
+              f"n_max={CorpusConfig.n_max} max_draft=16, insert K={APPEND_K}; median of {args.repeats} (us){graph}")
+    else:
+        print(f"n-gram drafter, device {name}, torch {torch.__version__}, n_min=2 n_max=8 max_draft=16 window=0, "
+              f"append K={APPEND_K}; median of {args.repeats} (us){graph}")
     print()
-    cols = [f"{op} {b}" for op in ("lookup", "append") for b in backends]
+    ops = ("lookup", "insert") if args.corpus else ("lookup", "append")
+    cell = bench_corpus_cell if args.corpus else bench_cell
+    cols = [f"{op} {b}" for op in ops for b in backends]
     print("| bs | history | " + " | ".join(f"{c} (us)" for c in cols) + " |")
     print("|---:|---:|" + "---:|" * len(cols))
     for hist in hists:
@@ -130,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                 if b == "triton" and device.type != "cuda":
                     res[b] = ("n/a (no GPU)", "n/a (no GPU)")
                     continue
-                lk, ap = bench_cell(bs, hist, device, b, args)
+                lk, ap = cell(bs, hist, device, b, args)
                 res[b] = (f"{lk:,.1f}", f"{ap:,.1f}")
             cells = [res[b][0] for b in backends] + [res[b][1] for b in backends]
             label = f"{hist // 1024}k" if hist % 1024 == 0 else str(hist)

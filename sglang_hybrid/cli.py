@@ -3,7 +3,8 @@
 Subcommands: ``simulate`` (replay workloads through the real drafting and selection code), ``workloads``
 (build the code-edit and chat workloads), ``calibrate`` (fit an n-gram calibration table) and ``check``
 (verify the installed SGLang matches the API the plugin was built for, that HYBRID_SPARK registers, and
-that SGLang's processes will load the plugin: entry point installed, not filtered out by ``SGLANG_PLUGINS``).
+that SGLang's processes will load the plugin: entry point installed, not filtered out by ``SGLANG_PLUGINS``) and
+``replay-drafters`` (replay the model-free drafters, per-request n-gram and cross-request corpus, on a workload).
 """
 
 from __future__ import annotations
@@ -34,16 +35,17 @@ def main(argv: list[str] | None = None) -> int:
         "simulate": "sglang_hybrid.sim.simulate_cli",
         "workloads": "sglang_hybrid.sim.workloads_cli",
         "calibrate": "sglang_hybrid.calibration.cli",
+        "replay-drafters": "sglang_hybrid.sim.replay_drafters",
     }
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        print("\nusage: hybrid-spark {simulate,workloads,calibrate,check} [options]  (each takes --help)")
+        print("\nusage: hybrid-spark {simulate,workloads,calibrate,check,replay-drafters} [options]  (each takes --help)")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "check":
         return _check(rest)
     if cmd not in commands:
-        print(f"hybrid-spark: unknown command {cmd!r}; choose from simulate, workloads, calibrate, check",
+        print(f"hybrid-spark: unknown command {cmd!r}; choose from simulate, workloads, calibrate, check, replay-drafters",
               file=sys.stderr)
         return 2
     import importlib

@@ -1,0 +1,242 @@
+"""Triton kernels of the cross-request n-gram corpus; same signatures and semantics as ``corpus_reference.py``.
+
+Insert is three launches (claim, resolve, count), each order-independent (atomic min / add only, and single
+writers in the resolve phase), so the table after a call is deterministic on a GPU. Lookup is one program per
+request walking up to ``max_draft`` positions. Launchers allocate nothing and never read device data on the
+host. All hash arithmetic is int64 with every product below ``2**62`` (exact, as in the reference).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .corpus_reference import CAP, INT32_MAX, P
+
+__all__ = ["corpus_insert_triton", "corpus_lookup_triton"]
+
+
+def _pow2(x: int) -> int:
+    return max(2, triton.next_power_of_2(max(int(x), 1)))
+
+
+@triton.jit
+def _hashes(ctx, kk, kv, g, coef_ptr, L, N_P: tl.constexpr):
+    """``(H1, H2)`` per order lane (lane ``kk`` = order ``kk + 1``) of the context ``ctx`` (distance ``kk + 1``)."""
+    PP: tl.constexpr = 2147483647
+    R1 = tl.load(coef_ptr + 0 * L + 1 + kk, mask=kv, other=0)
+    R2 = tl.load(coef_ptr + 1 * L + 1 + kk, mask=kv, other=0)
+    Q1 = tl.load(coef_ptr + 2 * L + 1 + kk, mask=kv, other=0)
+    Q2 = tl.load(coef_ptr + 3 * L + 1 + kk, mask=kv, other=0)
+    S1 = tl.load(coef_ptr + 4 * L + 0)
+    S2 = tl.load(coef_ptr + 4 * L + 1)
+    M1 = tl.load(coef_ptr + 4 * L + 2)
+    M2 = tl.load(coef_ptr + 4 * L + 3)
+    c1 = tl.cumsum(tl.where(kv, ((ctx + 1) * R1) % PP, 0), axis=0)
+    c2 = tl.cumsum(tl.where(kv, ((ctx + 1) * R2) % PP, 0), axis=0)
+    h1 = ((S1 * g) % PP + Q1 + c1) % PP
+    h2 = ((S2 * g) % PP + Q2 + c2) % PP
+    return (h1 * M1) % PP, (h2 * M2) % PP
+
+
+@triton.jit
+def _insert_kernel(
+    tag_ptr, tok_ptr, cnt_ptr, claim_ptr, coef_ptr, hist_ptr, lens_ptr, slots_ptr, tenant_ptr, start_ptr,
+    counts_ptr, num_slots, width, NB, L, max_pos, n_max,
+    PHASE: tl.constexpr, FROM_END: tl.constexpr, C: tl.constexpr, N_P: tl.constexpr,
+):
+    PP: tl.constexpr = 2147483647
+    b = tl.program_id(0)
+    i = tl.program_id(1)
+    s = tl.load(slots_ptr + b).to(tl.int64)
+    ok = (s >= 0) & (s < num_slots)
+    s = tl.where(ok, s, 0)
+    T = tl.where(ok, tl.load(lens_ptr + s).to(tl.int64), 0)
+    lo = tl.maximum(T - width, 0)
+    c = tl.minimum(tl.maximum(tl.load(counts_ptr + b).to(tl.int64), 0), max_pos)
+    if FROM_END:
+        p0 = T - c
+    else:
+        p0 = tl.load(start_ptr + b).to(tl.int64)
+    p = p0 + i
+    pv = ok & (i < c) & (p >= lo) & (p < T)
+    row = hist_ptr + s * width
+    pc = tl.where(pv, p, 0)
+    t = tl.load(row + pc % width).to(tl.int64)
+    kk = tl.arange(0, N_P)
+    q = pc - 1 - kk
+    kv = pv & (kk < n_max) & (q >= lo)
+    ctx = tl.load(row + tl.where(kv, q, 0) % width, mask=kv, other=0).to(tl.int64)
+    g = (tl.load(tenant_ptr + b).to(tl.int64) & 0x7FFFFFFF) + 1
+    H1, H2 = _hashes(ctx, kk, kv, g, coef_ptr, L, N_P)
+    RS = tl.load(coef_ptr + 4 * L + 4)
+    e = (H1 & (NB - 1)) * C + ((((t + 1) * RS) % PP) & (C - 1))
+    gt = H2 + 1
+    u = (b.to(tl.int64) * max_pos + i) * n_max + kk
+    if PHASE == 0:
+        ctag = tl.load(tag_ptr + e, mask=kv, other=0).to(tl.int64)
+        ctok = tl.load(tok_ptr + e, mask=kv, other=0).to(tl.int64)
+        ccnt = tl.load(cnt_ptr + e, mask=kv, other=0)
+        match = (ctag == gt) & (ctok == t)
+        contest = kv & ((match == 0) | (ccnt >= 1073741824))
+        tl.atomic_min(claim_ptr + e, u.to(tl.int32), mask=contest)
+    elif PHASE == 1:
+        cl = tl.load(claim_ptr + e, mask=kv, other=2147483647).to(tl.int64)
+        win = kv & (cl == u)
+        ctag = tl.load(tag_ptr + e, mask=win, other=0).to(tl.int64)
+        ctok = tl.load(tok_ptr + e, mask=win, other=0).to(tl.int64)
+        ccnt = tl.load(cnt_ptr + e, mask=win, other=0)
+        match = (ctag == gt) & (ctok == t)
+        half = ccnt >> 1
+        take = win & (match == 0) & (half == 0)
+        tl.store(tag_ptr + e, gt.to(tl.int32), mask=take)
+        tl.store(tok_ptr + e, tl.zeros_like(ccnt) + t.to(tl.int32), mask=take)
+        tl.store(cnt_ptr + e, tl.where(take, 0, half), mask=win)
+        tl.store(claim_ptr + e, tl.zeros_like(ccnt) + 2147483647, mask=win)  # only this winner reads it
+    else:
+        ctag = tl.load(tag_ptr + e, mask=kv, other=0).to(tl.int64)
+        ctok = tl.load(tok_ptr + e, mask=kv, other=0).to(tl.int64)
+        hit = kv & (ctag == gt) & (ctok == t)
+        tl.atomic_add(cnt_ptr + e, tl.full([N_P], 1, tl.int32), mask=hit)
+
+
+def corpus_insert_triton(
+    tag: torch.Tensor,
+    tok: torch.Tensor,
+    cnt: torch.Tensor,
+    claim: torch.Tensor,
+    coef: torch.Tensor,
+    hist_tokens: torch.Tensor,
+    hist_lens: torch.Tensor,
+    slots: torch.Tensor,
+    tenant: torch.Tensor,
+    start: torch.Tensor,
+    counts: torch.Tensor,
+    max_pos: int,
+    n_max: int,
+    from_end: bool,
+) -> None:
+    """Triton twin of :func:`corpus_reference.corpus_insert_ref` (claim, resolve, count launches)."""
+    NB, C = tag.shape
+    num_slots, width = hist_tokens.shape
+    bs = slots.shape[0]
+    if bs == 0 or max_pos <= 0:
+        return
+    for phase in range(3):
+        _insert_kernel[(bs, max_pos)](
+            tag, tok, cnt, claim, coef, hist_tokens, hist_lens, slots, tenant, start, counts,
+            num_slots, width, NB, coef.shape[1], max_pos, n_max,
+            PHASE=phase, FROM_END=bool(from_end), C=C, N_P=_pow2(n_max), num_warps=1,
+        )
+
+
+@triton.jit
+def _lookup_kernel(
+    tag_ptr, tok_ptr, cnt_ptr, coef_ptr, hist_ptr, lens_ptr, slots_ptr, tenant_ptr,
+    out_tokens_ptr, out_len_ptr, out_mlen_ptr, out_mcnt_ptr, out_score_ptr, out_q_ptr,
+    num_slots, width, NB, L, stride_tb, stride_td, stride_qb, stride_qd, n_max, alpha, tau,
+    D: tl.constexpr, C: tl.constexpr, N_P: tl.constexpr,
+):
+    PP: tl.constexpr = 2147483647
+    b = tl.program_id(0)
+    s = tl.load(slots_ptr + b).to(tl.int64)
+    ok = (s >= 0) & (s < num_slots)
+    s = tl.where(ok, s, 0)
+    T = tl.where(ok, tl.load(lens_ptr + s).to(tl.int64), 0)
+    lo = tl.maximum(T - width, 0)
+    row = hist_ptr + s * width
+    g = (tl.load(tenant_ptr + b).to(tl.int64) & 0x7FFFFFFF) + 1
+    RS = tl.load(coef_ptr + 4 * L + 4)
+    kk = tl.arange(0, N_P)
+    ent = tl.arange(0, C)
+    alive = ok
+    surv = tl.full([], 65536, tl.int64)
+    score = tl.zeros([], tl.int64)
+    length = tl.zeros([], tl.int32)
+    m_len = tl.zeros([], tl.int64)
+    m_cnt = tl.zeros([], tl.int64)
+    tb = out_tokens_ptr + b.to(tl.int64) * stride_tb
+    qb = out_q_ptr + b.to(tl.int64) * stride_qb
+    for j in tl.static_range(D):
+        # distance kk + 1: a drafted token (kk < j) or history position T - 1 - (kk - j)
+        hp = T - 1 - (kk - j)
+        from_draft = kk < j
+        hv = from_draft | (hp >= lo)
+        kv = alive & (kk < n_max) & hv
+        dt = tl.load(tb + tl.where(from_draft, j - 1 - kk, 0).to(tl.int64) * stride_td,
+                     mask=kv & from_draft, other=0).to(tl.int64)
+        ht = tl.load(row + tl.where(kv & (from_draft == 0), hp, 0) % width,
+                     mask=kv & (from_draft == 0), other=0).to(tl.int64)
+        ctx = tl.where(from_draft, dt, ht)
+        H1, H2 = _hashes(ctx, kk, kv, g, coef_ptr, L, N_P)
+        e = (H1 & (NB - 1))[:, None] * C + ent[None, :]
+        etag = tl.load(tag_ptr + e, mask=kv[:, None], other=0).to(tl.int64)
+        ecnt = tl.load(cnt_ptr + e, mask=kv[:, None], other=0).to(tl.int64)
+        m = (etag == (H2 + 1)[:, None]) & kv[:, None] & (ecnt > 0)
+        tot = tl.sum(tl.where(m, ecnt, 0), axis=1)
+        key = tl.max(tl.where(m, ecnt * C + (C - 1 - ent[None, :]), -1), axis=1)
+        has_n = tot > 0
+        nsel = tl.max(tl.where(has_n, kk + 1, 0), axis=0)
+        pick = ((kk + 1) == nsel) & has_n
+        tsel = tl.sum(tl.where(pick, tot, 0), axis=0)
+        ksel = tl.sum(tl.where(pick, key, 0), axis=0)
+        best = ksel // C
+        eidx = C - 1 - (ksel % C)
+        esel = tl.sum(tl.sum(tl.where(pick[:, None] & (ent[None, :] == eidx), e, 0), axis=1), axis=0)
+        take0 = alive & (nsel > 0)
+        tnext = tl.load(tok_ptr + esel, mask=take0, other=0)
+        q = (best << 16) // (tsel + alpha)
+        ns = (surv * q) >> 16
+        take = take0 & (ns >= tau)
+        surv = tl.where(take, ns, surv)
+        score += tl.where(take, ns, 0)
+        tl.store(tb + j * stride_td, tl.where(take, tnext, 0))
+        tl.store(qb + j * stride_qd, tl.where(take, q, 0).to(tl.int32))
+        if j == 0:
+            m_len = tl.where(take, nsel, 0).to(tl.int64)
+            m_cnt = tl.where(take, tsel, 0)
+        length += take.to(tl.int32)
+        alive = take
+        tl.debug_barrier()  # the next position reads this drafted token back
+    tl.store(out_len_ptr + b, length)
+    tl.store(out_mlen_ptr + b, m_len.to(tl.int32))
+    tl.store(out_mcnt_ptr + b, m_cnt.to(tl.int32))
+    tl.store(out_score_ptr + b, score.to(tl.int32))
+
+
+def corpus_lookup_triton(
+    tag: torch.Tensor,
+    tok: torch.Tensor,
+    cnt: torch.Tensor,
+    coef: torch.Tensor,
+    hist_tokens: torch.Tensor,
+    hist_lens: torch.Tensor,
+    slots: torch.Tensor,
+    tenant: torch.Tensor,
+    out_tokens: torch.Tensor,
+    out_len: torch.Tensor,
+    out_match_len: torch.Tensor,
+    out_match_count: torch.Tensor,
+    out_score: torch.Tensor,
+    out_q: torch.Tensor,
+    n_max: int,
+    alpha: int,
+    tau: int,
+) -> None:
+    """Triton twin of :func:`corpus_reference.corpus_lookup_ref`: one program per request."""
+    NB, C = tag.shape
+    num_slots, width = hist_tokens.shape
+    bs, D = out_tokens.shape
+    if bs == 0:
+        return
+    _lookup_kernel[(bs,)](
+        tag, tok, cnt, coef, hist_tokens, hist_lens, slots, tenant,
+        out_tokens, out_len, out_match_len, out_match_count, out_score, out_q,
+        num_slots, width, NB, coef.shape[1], out_tokens.stride(0), out_tokens.stride(1),
+        out_q.stride(0), out_q.stride(1), n_max, alpha, tau,
+        D=D, C=C, N_P=_pow2(n_max), num_warps=1,
+    )
+
+
+assert P == 2147483647 and INT32_MAX == 2147483647 and CAP == 1073741824  # the literals in the kernels

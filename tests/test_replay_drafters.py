@@ -1,0 +1,77 @@
+"""``hybrid-spark replay-drafters``: the peers' protocol, checked against the peer harness's own n-gram replay
+(``../shared/peers/suffix-decoding/replay_ngram.py``, when present) on slices of the shipped workloads, and
+on hand-made workloads whose step counts are known."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sglang_hybrid.ngram.corpus import CorpusConfig
+from sglang_hybrid.sim import replay_drafters as rd
+
+ROOT = Path(__file__).resolve().parent.parent
+WL = ROOT / "sglang_hybrid" / "data" / "workloads"
+PEER = Path(os.environ.get("PEER_HARNESS", ROOT.parent / "shared" / "peers" / "suffix-decoding"))
+
+
+def _write(tmp: Path, name: str, recs) -> Path:
+    p = tmp / f"{name}.jsonl"
+    p.write_text("".join(json.dumps({"id": str(i), "prompt_ids": a, "output_ids": b}) + "\n"
+                         for i, (a, b) in enumerate(recs)))
+    return p
+
+
+@pytest.mark.skipif(not (PEER / "replay_ngram.py").is_file(), reason="peer harness not present")
+@pytest.mark.parametrize("name,limit,K", [("chat", 12, 8), ("code_edit", 3, 16)])
+def test_ngram_figures_equal_the_peer_harness(tmp_path: Path, monkeypatch, name: str, limit: int, K: int) -> None:
+    recs = rd.load_workload(str(WL / f"{name}.jsonl"), limit)
+    (tmp_path / "tok").mkdir()
+    _write(tmp_path / "tok", "slice", recs)
+    monkeypatch.setenv("PEER_WORK", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("peer_replay_ngram", PEER / "replay_ngram.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    theirs = peer.replay("slice", K)
+    ours = rd.replay(recs, "ngram", K)
+    assert ours["per_request_steps"] == theirs["per_request_steps"]
+    for key in ("steps", "output_tokens", "tokens_per_step", "proposed_per_step", "accepted_per_step",
+                "frac_steps_accepted"):
+        assert ours[key] == pytest.approx(float(theirs[key]), rel=0, abs=1e-12), key
+
+
+def test_protocol_on_a_known_workload() -> None:
+    """Prompt 1 2 3 4 5, output 1 2 3 4 5: the n-gram drafter matches "5" only as a 1-gram (n_min 2), then
+    "5 1" ... drafts the rest. The corpus drafter learns the first request's output and replays the second
+    identical request in fewer steps than the first."""
+    req = ([9, 8, 7], [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6])
+    res = rd.replay([req], "ngram", 8)
+    # step 1 proposes nothing (no 2-gram repeats): +1; ... once "1 2" repeats the rest is drafted in one go.
+    assert res["output_tokens"] == 12 and res["steps"] == res["per_request_steps"][0]
+    assert res["steps"] < 12
+    two = rd.replay([req, req], "corpus", 8, CorpusConfig(entries=1 << 10, tau=0.1))
+    first, second = two["per_request_steps"]
+    assert second < first
+    iso = rd.replay([req, req], "corpus", 8, CorpusConfig(entries=1 << 10, tau=0.1, isolation="tenant"))
+    assert iso["per_request_steps"] == [first, first]  # per-request corpora: the second learns nothing new
+    assert two["proposed_per_step"] > 0 and 0 < two["frac_steps_accepted"] <= 1
+
+
+def test_cli_json_and_errors(tmp_path: Path, capsys) -> None:
+    p = _write(tmp_path, "w", [([1, 2, 3], [1, 2, 3, 1, 2, 3]), ([4], [1, 2, 3, 1, 2, 3])])
+    assert rd.main(["--workload", str(p), "--k", "4", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["drafter"] for r in rows] == list(rd.DRAFTERS)
+    for r in rows:
+        assert r["K"] == 4 and r["output_tokens"] == 12 and r["tokens_per_step"] >= 1.0
+        assert 0.0 <= r["frac_steps_accepted"] <= 1.0
+    assert rd.main(["--workload", str(p), "--k", "x"]) == 2
+    assert "--k" in capsys.readouterr().err
+    assert rd.main(["--workload", str(p), "--drafters", "suffix"]) == 2
+    assert "suffix" in capsys.readouterr().err
+    assert rd.main(["--workload", str(p), "--corpus-entries", "1000"]) == 2
+    assert "entries" in capsys.readouterr().err
