@@ -1,6 +1,6 @@
 """The three policies the simulator compares, each calling the real code a server would run.
 
-* ``DSparkPolicy``: SGLang 0.5.23's own DSpark planner, imported from the installed SGLang: the batch budget
+* ``DSparkPolicy``: SGLang 0.5.23's own DSpark planner (re-implemented in ``dspark_planner.py``): the batch budget
   ``compute_verify_token_budget`` on survivals ``lag`` steps old (SGLang's default relay lag is 2 steps) and
   the per-request top-K ``schedule_verify_lens_topk`` on the fresh confidences (its CPU torch path).
 * ``NgramPolicy``: like SGLang's NGRAM: the n-gram draft (our prompt-lookup drafter, ``TokenHistory.lookup``)
@@ -17,7 +17,6 @@ the chain), the verify batch ``B`` in tokens (what the step costs) and which req
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -26,6 +25,7 @@ import torch
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
 from ..selection.sps import SpsTable
+from .dspark_planner import DSparkPlanner
 
 
 @dataclass
@@ -51,48 +51,52 @@ class StepOutput:
 
 
 class DSparkPolicy:
-    """Model chain only; SGLang's DSpark budget (lagged survivals) and top-K verify lengths."""
+    """Model chain only; SGLang's DSpark budget (lagged survivals) and top-K verify lengths.
+
+    The planner is ``dspark_planner.DSparkPlanner``, SGLang 0.5.23's CPU path re-implemented (tested equal), so
+    the simulator never imports SGLang.
+    """
 
     name = "dspark"
     uses_model = True
 
     def __init__(self, gamma: int, sps: SpsTable, lag: int = 2) -> None:
-        from sglang.kernels.ops.speculative.dspark.dspark_schedule import schedule_verify_lens_topk
-        from sglang.srt.speculative.dspark_components.dspark_planner import (
-            DSparkScheduleConfig,
-            compute_verify_token_budget,
-        )
-        from sglang.srt.speculative.dspark_components.dspark_sps import SpsCostTable
-
         if lag < 0:
             raise ValueError(f"dspark lag: must be >= 0, got {lag}")
-        self._budget_fn = compute_verify_token_budget
-        self._lens_fn = schedule_verify_lens_topk
-        self.cfg = DSparkScheduleConfig(gamma=gamma)
-        self.cfg.validate()
-        self.table = SpsCostTable(sample_batch_tokens=list(sps.sample_batch_tokens),
-                                  sample_steps_per_sec=list(sps.sample_steps_per_sec),
-                                  max_batch_tokens=sps.max_batch_tokens)
+        self.planner = DSparkPlanner(gamma, sps)
+        self.gamma = gamma
         self.lag = lag
-        self._past: dict[int, deque] = {}  # slot -> (request, conf row) of the last `lag` steps
+        # Per slot, a ring of the last `lag` steps' (request, confidences): the relay SGLang's planner reads.
+        self._req = torch.full((0, max(lag, 1)), -1, dtype=torch.int64)
+        self._conf = torch.zeros(0, max(lag, 1), gamma, dtype=torch.float32)
+        self._count = torch.zeros(0, dtype=torch.int64)
+
+    def _grow(self, n: int) -> None:
+        k = n - self._req.shape[0]
+        if k > 0:
+            self._req = torch.cat([self._req, torch.full((k, self._req.shape[1]), -1, dtype=torch.int64)])
+            self._conf = torch.cat([self._conf, torch.zeros(k, *self._conf.shape[1:], dtype=torch.float32)])
+            self._count = torch.cat([self._count, torch.zeros(k, dtype=torch.int64)])
 
     def _lagged(self, inp: StepInput) -> torch.Tensor:
         if self.lag == 0:
             return inp.conf
-        rows = []
-        for b, (slot, req) in enumerate(zip(inp.slots.tolist(), inp.requests)):
-            q = self._past.setdefault(slot, deque(maxlen=self.lag))
-            if len(q) == self.lag and q[0][0] == req:
-                rows.append(q[0][1])
-            else:  # SGLang: a request younger than the lag counts as all-surviving
-                rows.append(torch.ones_like(inp.conf[b]))
-            q.append((req, inp.conf[b].clone()))
-        return torch.stack(rows)
+        s = inp.slots
+        self._grow(int(s.max()) + 1)
+        req = torch.as_tensor(inp.requests, dtype=torch.int64)
+        idx = self._count[s] % self.lag  # the oldest of the last `lag` entries (the next one overwritten)
+        same = (self._req[s, idx] == req).view(-1, 1)  # this request has been here `lag` steps already
+        # SGLang: a request younger than the lag counts as all-surviving.
+        rows = torch.where(same, self._conf[s, idx], torch.ones_like(inp.conf))
+        self._req[s, idx] = req
+        self._conf[s, idx] = inp.conf.to(torch.float32)
+        self._count[s] += 1
+        return rows
 
     def step(self, inp: StepInput, history: TokenHistory) -> StepOutput:
         survival = torch.cumprod(self._lagged(inp).to(torch.float32), dim=1)
-        budget = self._budget_fn(history_survival_probs=survival, sps_table=self.table, cfg=self.cfg).budget
-        lens = self._lens_fn(confidence=inp.conf, budget=budget, cfg=self.cfg).to(torch.int64) - 1
+        budget = self.planner.budget(survival)
+        lens = self.planner.verify_lens(inp.conf, budget).to(torch.int64) - 1
         bs = inp.conf.shape[0]
         return StepOutput(inp.model_tokens, lens, bs + int(lens.sum()), torch.zeros(bs, dtype=torch.bool))
 
