@@ -76,7 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="step cost: 1/SPS(B) from the table, or a roofline charging each request's KV (see cost.py)")
     p.add_argument("--measure", choices=("steady", "all"), default="steady",
                    help="steady: count only full-batch steps (stop when the queue runs dry); all: replay to the end")
-    p.add_argument("--progress", dest="progress", action="store_true", default=None, help="tqdm bar on stderr")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads; the replay runs many small tensor ops, which one thread does fastest "
+                        "(on a shared 2-core machine, 2 threads ran 10x slower)")
+    p.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="tqdm bar of finished requests on stderr (default: when stderr is a terminal)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -97,6 +101,12 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``hybrid-spark simulate``; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.threads < 1:
+        print(f"hybrid-spark simulate: error: --threads: must be >= 1, got {args.threads}", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(args.threads)
     from .report import run_report
     from .runner import load_calibration, simulate
     from .jsonl import read_workload

@@ -148,7 +148,7 @@ def run_policy(
     refs = {r.index: np.concatenate([r.output.astype(np.int64), pad]) for r in requests}
     running: dict[int, tuple[Request, int]] = {}  # slot -> (request, output position)
     free = list(range(batch_size - 1, -1, -1))
-    bar = _bar(sum(len(r.output) - 1 for r in queue), progress, label or policy.name)
+    bar = _bar(len(queue), progress, label or policy.name)
     col = np.arange(gamma)
     while queue or running:
         admitted = []
@@ -216,8 +216,8 @@ def run_policy(
                 del running[s]
                 free.append(s)
             free.sort(reverse=True)
-        if bar is not None:
-            bar.update(int(produced.sum()))
+        if bar is not None and done:
+            bar.update(len(done))
     if bar is not None:
         bar.close()
     return res
@@ -241,4 +241,4 @@ def _bar(total: int, enabled: bool, label: str):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=label, unit="tok", file=sys.stderr, leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc=label, unit="req", file=sys.stderr, leave=False, dynamic_ncols=True)
