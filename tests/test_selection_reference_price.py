@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from sglang_hybrid.selection.buffers import QSCALE
+from sglang_hybrid.selection import reference
 from sglang_hybrid.selection.reference import _dual_price, _dual_price_bisect
 
 
-def test_price_search_equals_bisection():
-    rng = np.random.default_rng(0)
-    for trial in range(150):
+@pytest.mark.parametrize("radix_log2", reference._RADIX_CHOICES)
+def test_price_search_equals_bisection(radix_log2, monkeypatch):
+    monkeypatch.setattr(reference, "_RADIX_CHOICES", (radix_log2,))
+    rng = np.random.default_rng(radix_log2)
+    for trial in range(20):
         bs, w = int(rng.integers(1, 9)), int(rng.integers(1, 9))
         m_a = np.sort(rng.uniform(0, 1, (bs, w)), axis=1)[:, ::-1]
         n_a = np.sort(rng.uniform(0, 1, (bs, w)), axis=1)[:, ::-1]

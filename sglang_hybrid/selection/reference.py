@@ -122,21 +122,32 @@ def _dual_price_bisect(m_q, m_ok, n_q, n_ok, k):
     return torch.where(fits(zero), zero, hi)
 
 
-_RADIX_LOG2 = 4  # the price search tests 2**4 prices at once per level: 24 / 4 = 6 levels
+# The price search tests 2**b grid prices at once per level (24 / b levels): the widest b in _RADIX_CHOICES
+# whose [2**b, bs, Lm] temporaries stay within _RADIX_ELEMS elements (few large ops beat many small ones).
+_RADIX_CHOICES = (12, 8, 6, 4)
+_RADIX_ELEMS = 1 << 16
+
+
+def _radix_log2(numel: int) -> int:
+    for b in _RADIX_CHOICES:
+        if (numel << b) <= _RADIX_ELEMS:
+            return b
+    return _RADIX_CHOICES[-1]
 
 
 def _dual_price(m_q, m_ok, n_q, n_ok, k):
-    """The same price as :func:`_dual_price_bisect`, found 16 prices at a time (6 levels instead of 25 steps).
+    """The same price as :func:`_dual_price_bisect`, found 2**b prices at a time (24 / b levels, not 25 steps).
 
     Both return the smallest grid price whose demand fits in k, because the demand is non-increasing in the
     price: a request's count on its chain only falls as the price rises, and when its choice flips between two
     consecutive grid prices, the surplus difference moved towards the new chain, which needs the new chain to
     have fewer tokens above the price than the old one had (the slope of a surplus is minus its count). So a
-    bisection and this 16-way search find the same crossing. ``tests/test_selection_reference_price.py``
+    bisection and this 2**b-way search find the same crossing. ``tests/test_selection_reference_price.py``
     compares them on random instances.
     """
     dev = m_q.device
-    radix = 1 << _RADIX_LOG2
+    b = _radix_log2(m_q.numel())
+    radix = 1 << b
     t = torch.arange(radix, dtype=torch.int64, device=dev)
     mq = torch.where(m_ok, m_q, -1).unsqueeze(0)  # non-candidates never earn surplus nor count
     nq = torch.where(n_ok, n_q, -1).unsqueeze(0)
@@ -150,8 +161,8 @@ def _dual_price(m_q, m_ok, n_q, n_ok, k):
 
     lo = torch.zeros(1, dtype=torch.int64, device=dev)
     fits0 = None
-    for level in range(QSCALE_LOG2 // _RADIX_LOG2):
-        step = 1 << (QSCALE_LOG2 - _RADIX_LOG2 * (level + 1))
+    for level in range(QSCALE_LOG2 // b):
+        step = 1 << (QSCALE_LOG2 - b * (level + 1))
         f = fits(lo + t * step)
         if fits0 is None:
             fits0 = f[:1].clone()

@@ -18,7 +18,7 @@ the chain), the verify batch ``B`` in tokens (what the step costs) and which req
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -33,7 +33,7 @@ class StepInput:
     """What a policy sees at one decode step (rows are the running requests, in slot order)."""
 
     slots: torch.Tensor  # [bs] int64 token-history slots
-    requests: list[int]  # request index of each row
+    requests: Sequence[int]  # request index of each row (a list or an int64 array)
     model_tokens: torch.Tensor  # [bs, gamma] int32 the model drafter's chain
     conf: torch.Tensor  # [bs, gamma] float32 its per-position conditional confidences
 
