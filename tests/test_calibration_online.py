@@ -43,8 +43,8 @@ def test_no_evidence_equals_the_shipped_calibration_exactly():
 def test_device_module_equals_python_reference(strength):
     rng = np.random.default_rng(int(strength * 10))
     num_slots, bs, L = 10, 6, 8
-    dev = OnlineCalibration(num_slots, bs, L, "cpu", strength=strength)
-    ref = OnlineCalibrationRef(num_slots, L, strength=strength)
+    dev = OnlineCalibration(num_slots, bs, L, "cpu", strength=strength, global_decay=0.9)
+    ref = OnlineCalibrationRef(num_slots, L, strength=strength, global_decay=0.9)
     dev.reset(torch.arange(num_slots))
     for step in range(40):
         slots = torch.as_tensor(rng.permutation(num_slots)[:bs], dtype=torch.int64)
@@ -72,17 +72,19 @@ def test_device_module_equals_python_reference(strength):
             committed[b, : copy[b]] = d.tokens[b, : copy[b]]
         clen = torch.as_tensor(rng.integers(1, K + 1, size=bs), dtype=torch.int32)
         dev.update(slots, committed, clen)
-        for b, s in enumerate(slots.tolist()):
-            ref.update(s, committed[b, : int(clen[b])].tolist())
+        ref.update({s: committed[b, : int(clen[b])].tolist() for b, s in enumerate(slots.tolist())})
     np.testing.assert_allclose(dev.expected.numpy(), np.array(ref.E), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dev.observed.numpy(), np.array(ref.O), rtol=0, atol=0)
+    np.testing.assert_allclose(dev.global_expected.numpy(), np.array(ref.GE), rtol=1e-4)
+    np.testing.assert_allclose(dev.global_observed.numpy(), np.array(ref.GO), rtol=1e-4)
+    assert sum(x > 0 for x in ref.GO) >= 4  # positions got evidence: the global level is exercised
 
 
 def test_estimate_shrinks_towards_the_request_record():
     """A request whose drafts are always right moves from the table's 0.5 towards 1; one whose drafts always fail
     moves towards 0; the more evidence, the closer."""
     L = 4
-    on = OnlineCalibration(2, 2, L, "cpu", strength=2.0)
+    on = OnlineCalibration(2, 2, L, "cpu", strength=2.0, global_decay=1.0)
     slots = torch.tensor([0, 1])
     tok = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]], dtype=torch.int32)
     length = torch.tensor([4, 4], dtype=torch.int32)
@@ -99,9 +101,29 @@ def test_estimate_shrinks_towards_the_request_record():
         on.update(slots, committed, clen)
     assert q[0].min() > 0.9 and float(q[0].max()) <= 1.0
     assert q[1, 0] < 0.1
-    # The failing request never tried positions 1..3: they shrink towards its request-level ratio.
+    # The failing request never tried positions 1..3: they shrink towards its request-level ratio (times the
+    # traffic's, where the other request's successes pull the other way).
     assert on.expected[1, 1:].abs().sum() == 0
-    assert q[1, 1] < 0.1
+    assert q[1, 1] < 0.25
+
+
+def test_a_new_request_starts_from_the_traffic_level():
+    """Requests whose drafts keep failing teach the traffic level: a fresh request starts below the table."""
+    L = 3
+    on = OnlineCalibration(4, 4, L, "cpu", strength=2.0, global_decay=1.0)
+    slots = torch.arange(4)
+    tok = torch.full((4, L), 7, dtype=torch.int32)
+    length = torch.full((4,), L, dtype=torch.int32)
+    committed = torch.zeros(4, L + 1, dtype=torch.int32)
+    clen = torch.full((4,), L + 1, dtype=torch.int32)
+    for _ in range(20):
+        q, s = torch.full((4, L), 0.6), torch.full((4, L), 0.6)
+        on.apply(slots, tok, length, q, s)
+        on.update(slots, committed, clen)
+    on.reset(slots[:1])
+    q, s = torch.full((4, L), 0.6), torch.full((4, L), 0.6)
+    on.apply(slots, tok, length, q, s)
+    assert on.expected[0].sum() == 0 and q[0, 0] < 0.15
 
 
 def test_apply_and_update_allocate_nothing():

@@ -14,12 +14,18 @@ the bonus) are known, and an n-gram draft's token j is tried iff ``j < min(draft
 its tokens 0..j-1 equal the committed ones. So a request whose n-gram chains the selection never takes still
 corrects an under-estimate.
 
-Shrinkage (a Gamma-Poisson ratio estimate, two levels). With prior strength ``s`` (in units of expected
-accepted tokens) the request-level ratio is ``R = (sum_j O_j + s) / (sum_j E_j + s)`` and the per-position
-ratio shrinks towards it: ``r_j = (O_j + s R) / (E_j + s)``. The recalibrated estimate is
-``q'_j = min(q_j r_j, 1)``, and the survivals are multiplied by the running product of ``q'_j / q_j``. With no
-evidence (``E = O = 0``) ``R = r_j = 1`` exactly, so ``q'`` and the survivals equal the table's bit for bit.
-As evidence accumulates ``r_j -> O_j / E_j``, the request's own observed/predicted ratio at position j.
+Shrinkage (Gamma-Poisson ratio estimates, three levels), with prior strength ``s`` (in units of expected
+accepted tokens):
+
+* the traffic: ``g_j = (GO_j + s) / (GE_j + s)``, from the same record summed over every request, decayed by
+  ``global_decay`` per step (it follows the traffic: a chat-heavy hour, a code-heavy one);
+* the request: ``R = (sum_j O_j + s) / (sum_j E_j g_j + s)``, how this request deviates from the traffic;
+* the position: ``r_j = (O_j + s R g_j) / (E_j + s)``.
+
+The recalibrated estimate is ``q'_j = min(q_j r_j, 1)``, and the survivals are multiplied by the running
+product of ``q'_j / q_j``. With no evidence (``E = O = GE = GO = 0``) every ratio is exactly 1, so ``q'`` and
+the survivals equal the table's bit for bit. As a request's evidence accumulates ``r_j -> O_j / E_j``, its own
+observed/predicted ratio at position j; before it has any, ``r_j = g_j``.
 
 Decode-step rules: ``apply`` and ``update`` never read the device, never allocate (every op writes into
 buffers made at construction for the largest batch) and never branch on device data. ``reset`` runs at
@@ -31,6 +37,7 @@ from __future__ import annotations
 import torch
 
 DEFAULT_STRENGTH = 2.0
+DEFAULT_GLOBAL_DECAY = 0.999  # per decode step: the traffic-level record remembers about the last 1000 steps
 
 
 class OnlineCalibration:
@@ -44,9 +51,11 @@ class OnlineCalibration:
     """
 
     def __init__(self, num_slots: int, max_bs: int, width: int, device: torch.device | str,
-                 strength: float = DEFAULT_STRENGTH) -> None:
+                 strength: float = DEFAULT_STRENGTH, global_decay: float = DEFAULT_GLOBAL_DECAY) -> None:
         if not strength > 0:
             raise ValueError(f"online calibration strength: must be > 0, got {strength}")
+        if not 0.0 <= global_decay <= 1.0:
+            raise ValueError(f"online calibration global_decay: must be in [0, 1], got {global_decay}")
         if num_slots < 1 or max_bs < 1 or width < 1:
             raise ValueError(f"online calibration: num_slots, max_bs and width must be >= 1, "
                              f"got {num_slots}, {max_bs}, {width}")
@@ -56,10 +65,16 @@ class OnlineCalibration:
         f32 = dict(dtype=torch.float32, device=self.device)
         self.expected = torch.zeros(num_slots, width, **f32)  # E
         self.observed = torch.zeros(num_slots, width, **f32)  # O
+        self.global_expected = torch.zeros(width, **f32)  # GE
+        self.global_observed = torch.zeros(width, **f32)  # GO
+        self._g = torch.zeros(width, **f32)
+        self._gtmp = torch.zeros(width, **f32)
+        self._decay = torch.tensor(float(global_decay), **f32)
         # This step's drafts as the table scored them (kept until ``update``).
         self._q = torch.zeros(max_bs, width, **f32)
         self._tok = torch.zeros(max_bs, width, dtype=torch.int32, device=self.device)
         self._len = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
+        self._slots = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
         # Scratch.
         self._e = torch.zeros(max_bs, width, **f32)
         self._o = torch.zeros(max_bs, width, **f32)
@@ -93,7 +108,8 @@ class OnlineCalibration:
         bs, L = q.shape
         if L != self.width:
             raise ValueError(f"online calibration: q has {L} columns, the record {self.width}")
-        s = slots.to(torch.int64) if slots.dtype != torch.int64 else slots
+        s = self._slots[:bs]
+        s.copy_(slots)  # int32 or int64 slots, no allocation
         self._q[:bs].copy_(q)
         self._tok[:bs].copy_(tokens)
         self._len[:bs].copy_(length)
@@ -101,16 +117,21 @@ class OnlineCalibration:
         es, os_ = self._es[:bs], self._os[:bs]
         torch.index_select(self.expected, 0, s, out=e)
         torch.index_select(self.observed, 0, s, out=o)
-        sv = self._s
-        torch.sum(e, 1, keepdim=True, out=es)
+        sv, g = self._s, self._g
+        torch.add(self.global_observed, sv, out=g)
+        torch.add(self.global_expected, sv, out=self._gtmp)
+        g.div_(self._gtmp)  # g_j, the traffic-level ratio
         torch.sum(o, 1, keepdim=True, out=os_)
-        es.add_(sv)
         os_.add_(sv)
-        os_.div_(es)  # R, the request-level ratio
+        torch.mul(e, g, out=r)
+        torch.sum(r, 1, keepdim=True, out=es)
+        es.add_(sv)
+        os_.div_(es)  # R = (sum O + s) / (sum E g + s), the request-level ratio
         os_.mul_(sv)
-        torch.add(o, os_, out=r)
+        torch.mul(os_, g, out=r)
+        r.add_(o)
         e.add_(sv)
-        r.div_(e)  # r_j = (O_j + s R) / (E_j + s)
+        r.div_(e)  # r_j = (O_j + s R g_j) / (E_j + s)
         torch.reciprocal(q, out=f)  # q'_j = min(q_j r_j, 1): the factor is min(r_j, 1 / q_j) (1/0 = inf)
         torch.minimum(r, f, out=f)
         q.mul_(f)
@@ -125,7 +146,8 @@ class OnlineCalibration:
         bs = committed.shape[0]
         L = self.width
         k = min(L, committed.shape[1])
-        s = slots.to(torch.int64) if slots.dtype != torch.int64 else slots
+        s = self._slots[:bs]
+        s.copy_(slots)
         match, pref, lim, inside = self._match[:bs], self._pref[:bs], self._lim[:bs], self._in[:bs]
         match.zero_()
         cmt, clen, inside_f = self._cmt[:bs, :k], self._clen[:bs], self._inf[:bs]
@@ -147,16 +169,24 @@ class OnlineCalibration:
         tried.mul_(self._q[:bs])  # the table's predicted q of each tried token
         self.expected.index_add_(0, s, tried)
         self.observed.index_add_(0, s, ok)
+        for glob, rec in ((self.global_expected, tried), (self.global_observed, ok)):
+            glob.mul_(self._decay)
+            torch.sum(rec, 0, out=self._gtmp)
+            glob.add_(self._gtmp)
 
 
 class OnlineCalibrationRef:
     """Plain-Python definition of :class:`OnlineCalibration` (lists of floats; for the tests)."""
 
-    def __init__(self, num_slots: int, width: int, strength: float = DEFAULT_STRENGTH) -> None:
+    def __init__(self, num_slots: int, width: int, strength: float = DEFAULT_STRENGTH,
+                 global_decay: float = DEFAULT_GLOBAL_DECAY) -> None:
         self.s = float(strength)
+        self.decay = float(global_decay)
         self.width = width
         self.E = [[0.0] * width for _ in range(num_slots)]
         self.O = [[0.0] * width for _ in range(num_slots)]
+        self.GE = [0.0] * width
+        self.GO = [0.0] * width
         self.pending: dict[int, tuple[list[int], int, list[float]]] = {}
 
     def reset(self, slot: int) -> None:
@@ -168,10 +198,11 @@ class OnlineCalibrationRef:
         of ``q`` times the running product of the factors ``q'_j / q_j``."""
         self.pending[slot] = (list(tokens), int(length), list(q))
         E, O, s = self.E[slot], self.O[slot], self.s
-        R = (sum(O) + s) / (sum(E) + s)
+        g = [(go + s) / (ge + s) for go, ge in zip(self.GO, self.GE)]
+        R = (sum(O) + s) / (sum(e * gj for e, gj in zip(E, g)) + s)
         q_new, surv, base, fac = [], [], 1.0, 1.0
         for j, qj in enumerate(q):
-            r = (O[j] + s * R) / (E[j] + s)
+            r = (O[j] + s * R * g[j]) / (E[j] + s)
             f = min(r, 1.0 / qj) if qj > 0 else r
             q_new.append(qj * f)
             base *= qj
@@ -179,11 +210,18 @@ class OnlineCalibrationRef:
             surv.append(base * fac)
         return q_new, surv
 
-    def update(self, slot: int, committed: list[int]) -> None:
-        tokens, length, q = self.pending.pop(slot)
-        lim = min(length, len(committed), self.width)
-        for j in range(lim):
-            self.E[slot][j] += q[j]
-            if tokens[j] != committed[j]:
-                break
-            self.O[slot][j] += 1.0
+    def update(self, committed_by_slot: dict[int, list[int]]) -> None:
+        """One step's verify results: ``{slot: committed tokens}`` for every slot ``apply`` saw this step."""
+        tried_sum, ok_sum = [0.0] * self.width, [0.0] * self.width
+        for slot, committed in committed_by_slot.items():
+            tokens, length, q = self.pending.pop(slot)
+            lim = min(length, len(committed), self.width)
+            for j in range(lim):
+                self.E[slot][j] += q[j]
+                tried_sum[j] += q[j]
+                if tokens[j] != committed[j]:
+                    break
+                self.O[slot][j] += 1.0
+                ok_sum[j] += 1.0
+        self.GE = [self.decay * a + b for a, b in zip(self.GE, tried_sum)]
+        self.GO = [self.decay * a + b for a, b in zip(self.GO, ok_sum)]

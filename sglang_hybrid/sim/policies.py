@@ -22,9 +22,11 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
 from ..selection.sps import SpsTable
+from ..selection.two_branch import select_two_branch
 from .dspark_planner import DSparkPlanner
 
 
@@ -48,6 +50,9 @@ class StepOutput:
     ngram_tokens: Optional[torch.Tensor] = None  # [bs, L]
     ngram_len: Optional[torch.Tensor] = None  # [bs]
     ngram_surv: Optional[torch.Tensor] = None  # [bs, L]
+    # Two-branch verify: a second branch sharing the root (the request keeps the longer accepted branch).
+    second_tokens: Optional[torch.Tensor] = None  # [bs, L2]
+    second_len: Optional[torch.Tensor] = None  # [bs] draft tokens verified on it (0 = one branch)
 
 
 class DSparkPolicy:
@@ -134,7 +139,9 @@ class HybridPolicy:
 
     def __init__(self, gamma: int, max_bs: int, sps: SpsTable, calibration, *, n_min: int = 2, n_max: int = 8,
                  max_draft: int = 7, window: int = 0, num_iters: int = 2, enable_ngram: bool = True,
-                 max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None) -> None:
+                 max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None,
+                 online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
+                 two_branch: bool = False) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -145,19 +152,36 @@ class HybridPolicy:
         width = max(gamma, max_draft)
         self.max_verify_len = gamma if max_verify_len is None else max_verify_len
         self.sel = SelectionBuffers(max_bs, width, "cpu")
-        self.sps = dense_sps(sps, max_bs * (1 + width), "cpu")
+        self.sps = dense_sps(sps, max_bs * (1 + gamma + max_draft), "cpu")
+        if two_branch and fixed_window is not None:
+            raise ValueError("two_branch: needs the ragged verify (a fixed window has no room for a second branch)")
+        self.two_branch = two_branch
         if fixed_window is not None and fixed_window < width:
             raise ValueError(f"fixed_window ({fixed_window}) must be >= max(gamma, max_draft) = {width}")
         self.fixed_window = fixed_window
         self._budget = torch.zeros(1, dtype=torch.int32)
         self.q = torch.zeros(max_bs, max_draft, dtype=torch.float32)
         self.surv = torch.zeros(max_bs, max_draft, dtype=torch.float32)
+        # Per-request recalibration (the simulator's slots are 0..max_bs-1), as HybridStep runs it.
+        self.online = OnlineCalibration(max_bs, max_bs, max_draft, "cpu", online_strength) if online_calibration \
+            else None
+
+    def on_prefill(self, slots: torch.Tensor) -> None:
+        if self.online is not None:
+            self.online.reset(slots)
+
+    def record(self, inp: StepInput, out: StepOutput, committed: torch.Tensor, counts: torch.Tensor) -> None:
+        """After verify: ``committed[b, :counts[b]]`` are the tokens the target produced (as HybridStep.record)."""
+        if self.online is not None:
+            self.online.update(inp.slots, committed, counts)
 
     def step(self, inp: StepInput, history: TokenHistory) -> StepOutput:
         bs = inp.slots.shape[0]
         d = history.lookup(inp.slots, self.cfg)
         q, surv = self.q[:bs], self.surv[:bs]
         self.calib.apply(d, inp.model_tokens, q, surv)
+        if self.online is not None:
+            self.online.apply(inp.slots, d.tokens, d.length, q, surv)
         nlen = d.length if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)
         out = self.sel.view(bs)
@@ -168,6 +192,12 @@ class HybridPolicy:
             self._budget.fill_(bs * self.fixed_window)
             select_chains(inp.model_tokens, model_surv, d.tokens, surv, nlen, self._budget, None, out,
                           num_iters=self.num_iters, max_verify_len=self.max_verify_len)
+        if self.two_branch:
+            tb = select_two_branch(inp.model_tokens, model_surv, d.tokens, surv, nlen, out.choice, out.verify_len,
+                                   self.sps, max_verify_len=self.max_verify_len)
+            batch = bs + int((tb.model_len + tb.ngram_len).sum())
+            return StepOutput(inp.model_tokens, tb.model_len, batch, tb.ngram_len > 0, d.tokens, nlen, surv,
+                              second_tokens=d.tokens, second_len=tb.ngram_len)
         vl = out.verify_len.to(torch.int64)
         batch = bs + int(vl.sum()) if self.fixed_window is None else bs * (1 + self.fixed_window)
         return StepOutput(out.tokens, vl, batch, out.choice == 1, d.tokens, nlen, surv)

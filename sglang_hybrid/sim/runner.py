@@ -44,6 +44,9 @@ class SimOptions:
     window: int = HybridConfig.window
     num_iters: int = HybridConfig.num_iters
     enable_ngram: bool = True
+    online_calibration: bool = HybridConfig.online_calibration  # per-request recalibration (calibration/online.py)
+    online_strength: float = HybridConfig.online_strength
+    two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
     calibration: Optional[str] = None  # None = the shipped table
     sps_table: Optional[str] = None  # None = the shipped roofline table
@@ -68,6 +71,10 @@ class SimOptions:
             raise ValueError(f"measure: choose from ('steady', 'all'), got {self.measure!r}")
         if self.hybrid_verify not in ("ragged", "fixed"):
             raise ValueError(f"hybrid_verify: choose from ('ragged', 'fixed'), got {self.hybrid_verify!r}")
+        if self.two_branch and self.hybrid_verify != "ragged":
+            raise ValueError("two_branch: needs hybrid_verify 'ragged'")
+        if not self.online_strength > 0:
+            raise ValueError(f"online_strength: must be > 0, got {self.online_strength}")
         if self.max_draft is not None and not (1 <= self.max_draft <= 16):
             raise ValueError(f"max_draft: must be in [1, 16], got {self.max_draft}")
 
@@ -160,7 +167,9 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
                             load_calibration(opts.calibration), n_min=opts.n_min, n_max=opts.n_max, max_draft=L,
                             window=opts.window, num_iters=opts.num_iters, enable_ngram=opts.enable_ngram,
                             max_verify_len=opts.gamma if L <= opts.gamma else 0,
-                            fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None)
+                            fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None,
+                            online_calibration=opts.online_calibration, online_strength=opts.online_strength,
+                            two_branch=opts.two_branch)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 
 

@@ -168,6 +168,8 @@ def run_policy(
             slot_req[free] = new_reqs
             slot_pos[free] = 1
             _prefill(hist, [(int(sl), reqs_list[i]) for sl, i in zip(free, new_reqs)])
+            if hasattr(policy, "on_prefill"):
+                policy.on_prefill(torch.from_numpy(free))
         order = np.flatnonzero(slot_req >= 0)
         bs = len(order)
         if measure == "steady" and bs < batch_size:
@@ -190,6 +192,13 @@ def run_policy(
             raise ValueError(f"policy chain width {c} exceeds the simulator lookahead {look}")
         match = (chain == ref[:, :c]) & (np.arange(c)[None, :] < vl[:, None])
         accepted = np.where(match.all(axis=1), c, np.argmin(match, axis=1))
+        if out.second_len is not None:  # two-branch verify: the longer accepted branch is kept
+            vl2 = out.second_len.numpy().astype(np.int64)
+            ch2 = out.second_tokens.numpy().astype(np.int64)
+            c2 = ch2.shape[1]
+            m2 = (ch2 == ref[:, :c2]) & (np.arange(c2)[None, :] < vl2[:, None])
+            accepted = np.maximum(accepted, np.where(m2.all(axis=1), c2, np.argmin(m2, axis=1)))
+            vl = vl + vl2
         remaining = out_len[ri] - pos
         produced = np.minimum(accepted + 1, remaining)
         new = np.where(ar_look[None, :] < produced[:, None], ref, 0).astype(np.int32)
