@@ -74,7 +74,7 @@ def test_device_module_equals_python_reference(strength):
         dev.update(slots, committed, clen)
         ref.update({s: committed[b, : int(clen[b])].tolist() for b, s in enumerate(slots.tolist())})
     np.testing.assert_allclose(dev.expected.numpy(), np.array(ref.E), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dev.observed.numpy(), np.array(ref.O), rtol=0, atol=0)
+    np.testing.assert_allclose(dev.observed.numpy(), np.array(ref.O), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dev.global_expected.numpy(), np.array(ref.GE), rtol=1e-4)
     np.testing.assert_allclose(dev.global_observed.numpy(), np.array(ref.GO), rtol=1e-4)
     assert sum(x > 0 for x in ref.GO) >= 4  # positions got evidence: the global level is exercised
@@ -103,8 +103,8 @@ def test_estimate_shrinks_towards_the_request_record():
     assert q[1, 0] < 0.1
     # The failing request never tried positions 1..3: they shrink towards its request-level ratio (times the
     # traffic's, where the other request's successes pull the other way).
-    assert on.expected[1, 1:].abs().sum() == 0
-    assert q[1, 1] < 0.25
+    assert on.expected[1, 1:].abs().sum() == 0 and on.observed[1].abs().sum() == 0
+    assert q[1, 1] < q[0, 1] - 0.3
 
 
 def test_a_new_request_starts_from_the_traffic_level():

@@ -5,25 +5,31 @@ j accepted given tokens 0..j-1 were) from features of the match. It is fit on ot
 copies more (an edit that keeps most of the file) or less (an answer that only quotes a few names) than the
 table's average. Each request therefore keeps its own record of how its n-gram drafts fared, by position j:
 
-* ``E[slot, j]``: the sum of the table's ``q_j`` over the drafts whose token j was *tried* (tokens 0..j-1
-  matched what the target produced, and the target produced at least j + 1 tokens that step);
-* ``O[slot, j]``: how many of those tokens j matched.
+* ``E[slot, j]``: the sum of ``q_j (1 - y_j)`` over the drafts whose token j was *tried* (tokens 0..j-1
+  matched what the target produced, and the target produced at least j + 1 tokens that step), ``y_j`` = 1 if
+  token j matched: the probability the table put on the tokens that failed;
+* ``O[slot, j]``: the sum of ``(1 - q_j) y_j``: the probability it denied the tokens that were accepted.
+
+For a calibrated table both have the same expectation; ``O / E`` is the Mantel-Haenszel estimate of the odds
+ratio between the request's outcomes and the table's predictions, and the correction is applied to the odds
+(``odds(q') = odds(q) r``: a shift of the logit), which keeps the table's ranking of drafts. (Scaling ``q``
+itself by observed / predicted does not: a request with many poor drafts would drag its good ones down with
+them, and long chains were then never taken.)
 
 Every n-gram draft is scored, chosen or not: after verify, the tokens the target committed (accepted drafts and
 the bonus) are known, and an n-gram draft's token j is tried iff ``j < min(draft length, committed length)`` and
 its tokens 0..j-1 equal the committed ones. So a request whose n-gram chains the selection never takes still
 corrects an under-estimate.
 
-Shrinkage (Gamma-Poisson ratio estimates, three levels), with prior strength ``s`` (in units of expected
-accepted tokens):
+Shrinkage (ratio estimates with a prior, three levels), with prior strength ``s`` (in units of the sums above):
 
 * the traffic: ``g_j = (GO_j + s) / (GE_j + s)``, from the same record summed over every request, decayed by
   ``global_decay`` per step (it follows the traffic: a chat-heavy hour, a code-heavy one);
 * the request: ``R = (sum_j O_j + s) / (sum_j E_j g_j + s)``, how this request deviates from the traffic;
 * the position: ``r_j = (O_j + s R g_j) / (E_j + s)``.
 
-The recalibrated estimate is ``q'_j = min(q_j r_j, 1)``, and the survivals are multiplied by the running
-product of ``q'_j / q_j``. With no evidence (``E = O = GE = GO = 0``) every ratio is exactly 1, so ``q'`` and
+The recalibrated estimate is ``q'_j = q_j r_j / (1 + q_j (r_j - 1))`` (odds times ``r_j``), and the survivals
+are multiplied by the running product of ``q'_j / q_j``. With no evidence (``E = O = GE = GO = 0``) every ratio is exactly 1, so ``q'`` and
 the survivals equal the table's bit for bit. As a request's evidence accumulates ``r_j -> O_j / E_j``, its own
 observed/predicted ratio at position j; before it has any, ``r_j = g_j``.
 
@@ -63,8 +69,8 @@ class OnlineCalibration:
         self.strength = float(strength)
         self.width = width
         f32 = dict(dtype=torch.float32, device=self.device)
-        self.expected = torch.zeros(num_slots, width, **f32)  # E
-        self.observed = torch.zeros(num_slots, width, **f32)  # O
+        self.expected = torch.zeros(num_slots, width, **f32)  # E: sum q (1 - y) over tried tokens
+        self.observed = torch.zeros(num_slots, width, **f32)  # O: sum (1 - q) y
         self.global_expected = torch.zeros(width, **f32)  # GE
         self.global_observed = torch.zeros(width, **f32)  # GO
         self._g = torch.zeros(width, **f32)
@@ -132,8 +138,10 @@ class OnlineCalibration:
         r.add_(o)
         e.add_(sv)
         r.div_(e)  # r_j = (O_j + s R g_j) / (E_j + s)
-        torch.reciprocal(q, out=f)  # q'_j = min(q_j r_j, 1): the factor is min(r_j, 1 / q_j) (1/0 = inf)
-        torch.minimum(r, f, out=f)
+        torch.sub(r, self._one, out=f)  # q' = q r / (1 + q (r - 1)): the factor is r / (1 + q (r - 1))
+        f.mul_(q)
+        f.add_(self._one)
+        torch.div(r, f, out=f)  # exactly 1 where r == 1
         q.mul_(f)
         torch.cumprod(f, 1, out=r)
         survival.mul_(r)
@@ -166,7 +174,10 @@ class OnlineCalibration:
         tried, ok = self._e[:bs], self._o[:bs]
         torch.mul(pref[:, :L], inside_f, out=tried)
         torch.mul(pref[:, 1:], inside_f, out=ok)
-        tried.mul_(self._q[:bs])  # the table's predicted q of each tried token
+        qb, miss = self._q[:bs], self._r[:bs]
+        tried.sub_(ok).mul_(qb)  # q (1 - y) over tried tokens
+        torch.sub(self._one, qb, out=miss)
+        ok.mul_(miss)  # (1 - q) y
         self.expected.index_add_(0, s, tried)
         self.observed.index_add_(0, s, ok)
         for glob, rec in ((self.global_expected, tried), (self.global_observed, ok)):
@@ -203,7 +214,7 @@ class OnlineCalibrationRef:
         q_new, surv, base, fac = [], [], 1.0, 1.0
         for j, qj in enumerate(q):
             r = (O[j] + s * R * g[j]) / (E[j] + s)
-            f = min(r, 1.0 / qj) if qj > 0 else r
+            f = r / (1.0 + qj * (r - 1.0))
             q_new.append(qj * f)
             base *= qj
             fac *= f
@@ -217,11 +228,11 @@ class OnlineCalibrationRef:
             tokens, length, q = self.pending.pop(slot)
             lim = min(length, len(committed), self.width)
             for j in range(lim):
-                self.E[slot][j] += q[j]
-                tried_sum[j] += q[j]
                 if tokens[j] != committed[j]:
+                    self.E[slot][j] += q[j]
+                    tried_sum[j] += q[j]
                     break
-                self.O[slot][j] += 1.0
-                ok_sum[j] += 1.0
+                self.O[slot][j] += 1.0 - q[j]
+                ok_sum[j] += 1.0 - q[j]
         self.GE = [self.decay * a + b for a, b in zip(self.GE, tried_sum)]
         self.GO = [self.decay * a + b for a, b in zip(self.GO, ok_sum)]
