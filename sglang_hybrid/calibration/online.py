@@ -23,8 +23,10 @@ corrects an under-estimate.
 
 Shrinkage (ratio estimates with a prior, three levels), with prior strength ``s`` (in units of the sums above):
 
-* the traffic: ``g_j = (GO_j + s) / (GE_j + s)``, from the same record summed over every request, decayed by
-  ``global_decay`` per step (it follows the traffic: a chat-heavy hour, a code-heavy one);
+* the traffic: ``g_j = (GO_j + s G) / (GE_j + s)`` with ``G = (sum_j GO_j + s) / (sum_j GE_j + s)``, from the
+  same record summed over every request, decayed by ``global_decay`` per step (it follows the traffic: a
+  chat-heavy hour, a code-heavy one). Positions rarely tried (at large batches a model-chain step scores only
+  the first one or two tokens of an n-gram draft) borrow the ratio of the positions that were;
 * the request: ``R = (sum_j O_j + s) / (sum_j E_j g_j + s)``, how this request deviates from the traffic;
 * the position: ``r_j = (O_j + s R g_j) / (E_j + s)``.
 
@@ -75,6 +77,7 @@ class OnlineCalibration:
         self.global_observed = torch.zeros(width, **f32)  # GO
         self._g = torch.zeros(width, **f32)
         self._gtmp = torch.zeros(width, **f32)
+        self._gsum = torch.zeros(2, **f32)
         self._decay = torch.tensor(float(global_decay), **f32)
         # This step's drafts as the table scored them (kept until ``update``).
         self._q = torch.zeros(max_bs, width, **f32)
@@ -123,10 +126,15 @@ class OnlineCalibration:
         es, os_ = self._es[:bs], self._os[:bs]
         torch.index_select(self.expected, 0, s, out=e)
         torch.index_select(self.observed, 0, s, out=o)
-        sv, g = self._s, self._g
-        torch.add(self.global_observed, sv, out=g)
+        sv, g, gs = self._s, self._g, self._gsum
+        torch.sum(self.global_observed, 0, keepdim=True, out=gs[:1])
+        torch.sum(self.global_expected, 0, keepdim=True, out=gs[1:])
+        gs.add_(sv)
+        gs[:1].div_(gs[1:])  # G = (sum GO + s) / (sum GE + s), the traffic's ratio over all positions
+        gs[:1].mul_(sv)
+        torch.add(self.global_observed, gs[:1], out=g)
         torch.add(self.global_expected, sv, out=self._gtmp)
-        g.div_(self._gtmp)  # g_j, the traffic-level ratio
+        g.div_(self._gtmp)  # g_j = (GO_j + s G) / (GE_j + s), the traffic-level ratio at position j
         torch.sum(o, 1, keepdim=True, out=os_)
         os_.add_(sv)
         torch.mul(e, g, out=r)
@@ -209,7 +217,8 @@ class OnlineCalibrationRef:
         of ``q`` times the running product of the factors ``q'_j / q_j``."""
         self.pending[slot] = (list(tokens), int(length), list(q))
         E, O, s = self.E[slot], self.O[slot], self.s
-        g = [(go + s) / (ge + s) for go, ge in zip(self.GO, self.GE)]
+        G = (sum(self.GO) + s) / (sum(self.GE) + s)
+        g = [(go + s * G) / (ge + s) for go, ge in zip(self.GO, self.GE)]
         R = (sum(O) + s) / (sum(e * gj for e, gj in zip(E, g)) + s)
         q_new, surv, base, fac = [], [], 1.0, 1.0
         for j, qj in enumerate(q):
