@@ -10,6 +10,7 @@ table (default: the shipped roofline table for an 8B model on an H200). See ``sg
 from __future__ import annotations
 
 import argparse
+import os
 import dataclasses
 import json
 import sys
@@ -89,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads; the replay runs many small tensor ops, which one thread does fastest "
                         "(on a shared 2-core machine, 2 threads ran 10x slower)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="--default: processes that run the (workload, batch size) cells side by side")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="tqdm bar of finished requests on stderr (default: when stderr is a terminal)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -114,6 +117,9 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``hybrid-spark simulate``; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.jobs < 1:
+        print(f"hybrid-spark simulate: error: --jobs: must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
     if args.threads < 1:
         print(f"hybrid-spark simulate: error: --threads: must be >= 1, got {args.threads}", file=sys.stderr)
         return 2
@@ -130,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .report import REPORT_BATCH_SIZES
 
             bss = args.batch_size or list(REPORT_BATCH_SIZES)
-            runs = run_report(bss, max_requests=args.max_requests, base=_options(args, bss[0]))
+            runs = run_report(bss, max_requests=args.max_requests, base=_options(args, bss[0]), jobs=args.jobs)
         else:
             records = read_workload(args.workload)
             bss = args.batch_size or [4]

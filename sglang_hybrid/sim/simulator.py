@@ -32,6 +32,10 @@ from ..selection.sps import SpsTable
 from .policies import StepInput
 
 
+# Set by a report's worker process: called with the number of requests a step finished (its progress bar).
+ON_REQUESTS_DONE = None
+
+
 @dataclass
 class PolicyResult:
     """Totals of one policy on one workload at one batch size."""
@@ -233,6 +237,8 @@ def run_policy(
             slot_req[done] = -1
             if bar is not None:
                 bar.update(len(done))
+            if ON_REQUESTS_DONE is not None:
+                ON_REQUESTS_DONE(len(done))
     if bar is not None:
         bar.close()
     return res
