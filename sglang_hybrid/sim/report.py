@@ -100,7 +100,11 @@ def run_report(batch_sizes: Sequence[int] = REPORT_BATCH_SIZES, *, max_requests:
 
     log(f"simulating {len(cells)} cells ({', '.join(sorted({Path(c[1]).name for c in cells}))} at batch "
         f"{', '.join(str(b) for b in batch_sizes)}) in {jobs} processes")
-    ctx = mp.get_context("fork")
+    import torch
+
+    # Fork is fast, but a forked child of a parent whose torch thread pool is live hangs: fork only where the
+    # parent runs one torch thread (the CLI sets it before any op), spawn elsewhere.
+    ctx = mp.get_context("fork" if torch.get_num_threads() == 1 else "spawn")
     counter = ctx.Value("l", 0)
     runs_per_cell = len(base.policies) + (1 if "dspark" in base.policies and "hybrid" in base.policies
                                            and base.dspark_lag != 0 else 0)
@@ -111,8 +115,6 @@ def run_report(batch_sizes: Sequence[int] = REPORT_BATCH_SIZES, *, max_requests:
         bar = tqdm(total=sum(c[3] for c in cells) * runs_per_cell, desc="requests replayed", unit="req",
                    file=sys.stderr, dynamic_ncols=True)
     quiet = dataclasses.replace(base, progress=False)
-    import torch
-
     with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
                              initargs=(counter, torch.get_num_threads())) as ex:
         futs = [ex.submit(_one, kind, path, bs, max_requests, quiet) for kind, path, bs, _, _ in cells]
