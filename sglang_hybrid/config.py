@@ -48,7 +48,7 @@ class HybridConfig:
     model_prior: float = 0.7  # initial per-position conditional acceptance of the model chain
     model_ema: float = 0.05  # online refit rate of the model chain's per-position acceptance
     online_calibration: bool = True  # per-request recalibration of the n-gram estimates (calibration/online.py)
-    online_strength: float = 2.0  # its prior strength, in expected accepted tokens (larger: trust the table longer)
+    online_strength: float = 2.0  # its prior strength, in units of its records (larger: trust the table longer)
     metrics_interval: int = 50  # decode steps between periodic log lines; 0 = never
 
     def validate(self) -> None:

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--no-online-calibration", dest="online_calibration", action="store_false",
                    help="the shipped calibration table alone")
     n.add_argument("--online-strength", type=float, default=None,
-                   help="prior strength of the recalibration, in expected accepted tokens (default: the plugin's)")
+                   help="prior strength of the recalibration (larger: trust the table longer; default: the plugin's)")
     p.add_argument("--cost", choices=("sps", "roofline-2d"), default="sps",
                    help="step cost: 1/SPS(B) from the table, or a roofline charging each request's KV (see cost.py)")
     p.add_argument("--measure", choices=("steady", "all"), default="steady",
