@@ -47,6 +47,8 @@ class HybridConfig:
     num_iters: int = 2  # price iterations of the selection
     model_prior: float = 0.7  # initial per-position conditional acceptance of the model chain
     model_ema: float = 0.05  # online refit rate of the model chain's per-position acceptance
+    online_calibration: bool = True  # per-request recalibration of the n-gram estimates (calibration/online.py)
+    online_strength: float = 2.0  # its prior strength, in units of its records (larger: trust the table longer)
     metrics_interval: int = 50  # decode steps between periodic log lines; 0 = never
 
     def validate(self) -> None:
@@ -75,6 +77,8 @@ class HybridConfig:
             raise bad("model_prior", f"must be in (0, 1], got {self.model_prior}")
         if not (0.0 <= self.model_ema <= 1.0):
             raise bad("model_ema", f"must be in [0, 1], got {self.model_ema}")
+        if not (self.online_strength > 0):
+            raise bad("online_strength", f"must be > 0, got {self.online_strength}")
         if self.metrics_interval < 0:
             raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
         if self.calibration != "default" and not os.path.isfile(self.calibration):

@@ -21,6 +21,7 @@ import torch
 
 from .calibration import CalibrationTable
 from .calibration.apply import DeviceCalibration
+from .calibration.online import OnlineCalibration
 from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
@@ -85,6 +86,9 @@ class HybridStep:
         self.calibration.check_covers(self.ngram_cfg)
         self.calib_dev = DeviceCalibration(self.calibration, self.device, backend=kernel_backend)
         L = self.ngram_cfg.max_draft
+        # Per-request recalibration of the table's estimates (None: the table alone).
+        self.online = OnlineCalibration(num_slots, max_bs, L, self.device, cfg.online_strength) \
+            if cfg.online_calibration else None
         self.q = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
         self.ngram_surv = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
         self.model_surv = torch.zeros(max_bs, gamma, dtype=torch.float32, device=self.device)
@@ -124,6 +128,8 @@ class HybridStep:
         """Start each slot's history with its prompt and the first sampled token."""
         self.history.write_prompt(slots, prompt, prompt_len)
         self.stats.slot_stats.index_fill_(0, slots.to(torch.int64), 0)
+        if self.online is not None:
+            self.online.reset(slots)
         ones = torch.ones_like(slots, dtype=torch.int32)
         self.history.append(slots, first_tokens.to(torch.int32).view(-1, 1), ones)
 
@@ -158,6 +164,8 @@ class HybridStep:
             draft = self.history.lookup(slots, self.ngram_cfg)
             q, ngram_surv = self.q[:bs], self.ngram_surv[:bs]
             self.calib_dev.apply(draft, model_tokens, q, ngram_surv)
+            if self.online is not None:
+                self.online.apply(slots, draft.tokens, draft.length, q, ngram_surv)
             ngram_len = draft.length
             model_surv = self.model_surv[:bs]
             if self.cfg.enable_model and model_confidence is not None:
@@ -241,6 +249,8 @@ class HybridStep:
             if committed.dtype != torch.int32:  # host-known dtype; SGLang's verify already yields int32
                 committed = committed.to(torch.int32)
             self.history.append(slots, committed, accept_lens)
+            if self.online is not None:
+                self.online.update(slots, committed, accept_lens)
             vlen = proposal.verify_len if verified_len is None else verified_len
             self.stats.update(slots, vlen, proposal.choice, accept_lens)
         self._steps_host += 1

@@ -217,3 +217,15 @@ def test_steady_measure_needs_a_queue(chat):
         simulate(chat[:4], SimOptions(batch_size=4, policies=("ngram",)))
     r = simulate(chat[:12], SimOptions(batch_size=4, policies=("ngram",)))
     assert r["policies"]["ngram"]["mean_batch"] == 4.0
+
+
+def test_report_in_two_processes_equals_one(tmp_path, chat):
+    wl = tmp_path / "c.jsonl"
+    write_workload(wl, chat[:6])
+    kw = dict(max_requests=5, workloads={"chat": wl}, log=lambda m: None,
+              base=SimOptions(batch_size=2, policies=("dspark", "hybrid")))
+    one = run_report([2, 3], jobs=1, **kw)
+    two = run_report([2, 3], jobs=2, **kw)
+    assert [r["batch_size"] for r in two] == [2, 3]
+    for a, b in zip(one, two):
+        assert a["policies"] == b["policies"] and a["ratios"] == b["ratios"]

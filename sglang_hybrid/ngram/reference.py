@@ -185,6 +185,54 @@ def _lookup_chunk(
         best_m = torch.zeros(c, dtype=torch.uint8, device=dev)
         best_j = torch.zeros_like(T)
         count = torch.zeros_like(T)
+    return _finish(rows, T, P, best_m.to(torch.int64), best_j, count.to(torch.int64), n_min, max_draft)
+
+
+def _lookup_chunk_sparse(
+    rows: torch.Tensor,
+    T: torch.Tensor,
+    P: torch.Tensor,
+    S: int,
+    n_min: int,
+    n_max: int,
+    window: int,
+    max_draft: int,
+) -> tuple[torch.Tensor, ...]:
+    """``_lookup_chunk`` for a CPU table (same results): only the ends whose last token matches are extended.
+
+    The dense scan compares all ``S`` ends ``n_max`` times. Here one comparison finds the ends ``e`` with
+    ``h[e] == h[T - 1]`` (few, for a real vocabulary; ``nonzero`` reads their number on the host), and only
+    those are compared further, ``n_max`` tokens at once.
+    """
+    dev = rows.device
+    c, width = rows.shape
+    lo = (T - width).clamp(min=0)
+    first = lo if window <= 0 else torch.maximum(lo, T - 1 - window)
+    L = S + n_max
+    i = torch.arange(L, device=dev, dtype=torch.int64)
+    G = torch.gather(rows, 1, ((T - 1)[:, None] - i[None, :]).remainder(width))
+    last_valid = T - 1 - lo  # G[:, i] is inside the kept row iff i <= last_valid
+    j = i[:S]
+    cand = (G[:, 1 : 1 + S] == G[:, :1]) & (j[None, :] <= (T - 2 - first)[:, None]) \
+        & (j[None, :] + 1 <= last_valid[:, None])
+    r, jj = torch.nonzero(cand, as_tuple=True)
+    k = torch.arange(n_max, device=dev, dtype=torch.int64)
+    col = jj[:, None] + 1 + k[None, :]  # G column compared with G[:, k]
+    ok = (G[r[:, None], col] == G[r[:, None], k[None, :]]) & (col <= last_valid[r][:, None])
+    m = torch.cumprod(ok.to(torch.int64), dim=1).sum(dim=1)  # >= 1: k = 0 matched
+    best_m = torch.zeros(c, dtype=torch.int64, device=dev).scatter_reduce_(0, r, m, reduce="amax")
+    at_best = m == best_m[r]
+    best_j = torch.full((c,), S, dtype=torch.int64, device=dev).scatter_reduce_(
+        0, r, torch.where(at_best, jj, S), reduce="amin")
+    count = torch.zeros(c, dtype=torch.int64, device=dev).scatter_add_(0, r, at_best.to(torch.int64))
+    best_j = torch.where(best_m > 0, best_j, 0)
+    return _finish(rows, T, P, best_m, best_j, count, n_min, max_draft)
+
+
+def _finish(rows, T, P, best_m, best_j, count, n_min, max_draft):
+    """Draft tokens and features from the best end of each row (``best_m``, ``best_j``, ``count`` int64)."""
+    dev = rows.device
+    width = rows.shape[1]
     has = best_m >= n_min
     best_e = T - 2 - best_j
     n = torch.where(has, torch.clamp(T - 1 - best_e, max=max_draft), torch.zeros_like(T))
@@ -196,8 +244,8 @@ def _lookup_chunk(
     return (
         draft,
         n,
-        torch.where(has, best_m.to(torch.int64), zero),
-        torch.where(has, count.to(torch.int64), zero),
+        torch.where(has, best_m, zero),
+        torch.where(has, count, zero),
         (has & (best_e + 1 < P)).to(torch.int64),
     )
 
@@ -233,10 +281,12 @@ def ngram_lookup_ref(
         # valid end of a row of length T lies in [0, T - 2], so the result is unchanged. (On a GPU the
         # shapes stay static: no host sync, CUDA-graph capturable.)
         S = min(S, max(int(T.max()) - 1, 0))
+    sparse = host_reads_allowed(tokens) and _TRIM_ON_CPU
+    chunk = _lookup_chunk_sparse if sparse else _lookup_chunk
     step = max(1, _LOOKUP_CHUNK_ELEMS // (2 * width + 2 * (S + n_max)))
     for b0 in range(0, bs, step):
         b1 = min(bs, b0 + step)
         rows = tokens.index_select(0, s[b0:b1])
-        res = _lookup_chunk(rows, T[b0:b1], P[b0:b1], S, n_min, n_max, window, max_draft)
+        res = chunk(rows, T[b0:b1], P[b0:b1], S, n_min, n_max, window, max_draft)
         for out, val in zip((out_tokens, out_len, out_match_len, out_match_count, out_in_prompt), res):
             out[b0:b1].copy_(val)

@@ -102,8 +102,9 @@ def _choose(m_q, m_ok, n_q, n_ok, lam_q):
     return sur_n > sur_m
 
 
-def _dual_price(m_q, m_ok, n_q, n_ok, k):
-    """Smallest fixed-point price lam in [0, 2**24] whose demand fits in k (24-step bisection)."""
+def _dual_price_bisect(m_q, m_ok, n_q, n_ok, k):
+    """Smallest fixed-point price lam in [0, 2**24] whose demand fits in k (24-step bisection, as the Triton
+    kernel and the oracle run it). Kept as the definition :func:`_dual_price` is tested against."""
 
     def fits(lam_q):
         c = _choose(m_q, m_ok, n_q, n_ok, lam_q)
@@ -119,6 +120,58 @@ def _dual_price(m_q, m_ok, n_q, n_ok, k):
         hi = torch.where(f, mid, hi)
         lo = torch.where(f, lo, mid)
     return torch.where(fits(zero), zero, hi)
+
+
+# The price search tests 2**b grid prices at once per level (24 / b levels): the widest b in _RADIX_CHOICES
+# whose [2**b, bs, Lm] temporaries stay within _RADIX_ELEMS elements (few large ops beat many small ones).
+_RADIX_CHOICES = (12, 8, 6, 4)
+_RADIX_ELEMS = 1 << 16
+
+
+def _radix_log2(numel: int) -> int:
+    for b in _RADIX_CHOICES:
+        if (numel << b) <= _RADIX_ELEMS:
+            return b
+    return _RADIX_CHOICES[-1]
+
+
+def _dual_price(m_q, m_ok, n_q, n_ok, k):
+    """The same price as :func:`_dual_price_bisect`, found 2**b prices at a time (24 / b levels, not 25 steps).
+
+    Both return the smallest grid price whose demand fits in k, because the demand is non-increasing in the
+    price: a request's count on its chain only falls as the price rises, and when its choice flips between two
+    consecutive grid prices, the surplus difference moved towards the new chain, which needs the new chain to
+    have fewer tokens above the price than the old one had (the slope of a surplus is minus its count). So a
+    bisection and this 2**b-way search find the same crossing. ``tests/test_selection_reference_price.py``
+    compares them on random instances.
+    """
+    dev = m_q.device
+    b = _radix_log2(m_q.numel())
+    radix = 1 << b
+    t = torch.arange(radix, dtype=torch.int64, device=dev)
+    mq = torch.where(m_ok, m_q, -1).unsqueeze(0)  # non-candidates never earn surplus nor count
+    nq = torch.where(n_ok, n_q, -1).unsqueeze(0)
+
+    def fits(lam):  # lam [radix] -> [radix] bool
+        lm = lam.view(-1, 1, 1)
+        sur_m = (mq - lm).clamp_(min=0).sum(2)
+        sur_n = (nq - lm).clamp_(min=0).sum(2)
+        demand = torch.where(sur_n > sur_m, (nq > lm).sum(2), (mq > lm).sum(2)).sum(1)
+        return demand <= k
+
+    lo = torch.zeros(1, dtype=torch.int64, device=dev)
+    fits0 = None
+    for level in range(QSCALE_LOG2 // b):
+        step = 1 << (QSCALE_LOG2 - b * (level + 1))
+        f = fits(lo + t * step)
+        if fits0 is None:
+            fits0 = f[:1].clone()
+        f[0] = False  # lo itself: not fitting (or 0, decided by fits0)
+        # first fitting point (radix if none: lo + radix * step, the previous level's fitting point)
+        first = torch.where(f.any(), torch.argmax(f.to(torch.uint8)), radix).view(1)
+        lo = lo + (first - 1) * step
+    hi = lo + 1
+    return torch.where(fits0, torch.zeros_like(hi), hi)
 
 
 def select_chains_ref(

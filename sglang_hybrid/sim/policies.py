@@ -1,6 +1,6 @@
 """The three policies the simulator compares, each calling the real code a server would run.
 
-* ``DSparkPolicy``: SGLang 0.5.23's own DSpark planner, imported from the installed SGLang: the batch budget
+* ``DSparkPolicy``: SGLang 0.5.23's own DSpark planner (re-implemented in ``dspark_planner.py``): the batch budget
   ``compute_verify_token_budget`` on survivals ``lag`` steps old (SGLang's default relay lag is 2 steps) and
   the per-request top-K ``schedule_verify_lens_topk`` on the fresh confidences (its CPU torch path).
 * ``NgramPolicy``: like SGLang's NGRAM: the n-gram draft (our prompt-lookup drafter, ``TokenHistory.lookup``)
@@ -17,15 +17,17 @@ the chain), the verify batch ``B`` in tokens (what the step costs) and which req
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
+from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
 from ..selection.sps import SpsTable
+from ..selection.two_branch import select_two_branch
+from .dspark_planner import DSparkPlanner
 
 
 @dataclass
@@ -33,7 +35,7 @@ class StepInput:
     """What a policy sees at one decode step (rows are the running requests, in slot order)."""
 
     slots: torch.Tensor  # [bs] int64 token-history slots
-    requests: list[int]  # request index of each row
+    requests: Sequence[int]  # request index of each row (a list or an int64 array)
     model_tokens: torch.Tensor  # [bs, gamma] int32 the model drafter's chain
     conf: torch.Tensor  # [bs, gamma] float32 its per-position conditional confidences
 
@@ -48,51 +50,58 @@ class StepOutput:
     ngram_tokens: Optional[torch.Tensor] = None  # [bs, L]
     ngram_len: Optional[torch.Tensor] = None  # [bs]
     ngram_surv: Optional[torch.Tensor] = None  # [bs, L]
+    # Two-branch verify: a second branch sharing the root (the request keeps the longer accepted branch).
+    second_tokens: Optional[torch.Tensor] = None  # [bs, L2]
+    second_len: Optional[torch.Tensor] = None  # [bs] draft tokens verified on it (0 = one branch)
 
 
 class DSparkPolicy:
-    """Model chain only; SGLang's DSpark budget (lagged survivals) and top-K verify lengths."""
+    """Model chain only; SGLang's DSpark budget (lagged survivals) and top-K verify lengths.
+
+    The planner is ``dspark_planner.DSparkPlanner``, SGLang 0.5.23's CPU path re-implemented (tested equal), so
+    the simulator never imports SGLang.
+    """
 
     name = "dspark"
     uses_model = True
 
     def __init__(self, gamma: int, sps: SpsTable, lag: int = 2) -> None:
-        from sglang.kernels.ops.speculative.dspark.dspark_schedule import schedule_verify_lens_topk
-        from sglang.srt.speculative.dspark_components.dspark_planner import (
-            DSparkScheduleConfig,
-            compute_verify_token_budget,
-        )
-        from sglang.srt.speculative.dspark_components.dspark_sps import SpsCostTable
-
         if lag < 0:
             raise ValueError(f"dspark lag: must be >= 0, got {lag}")
-        self._budget_fn = compute_verify_token_budget
-        self._lens_fn = schedule_verify_lens_topk
-        self.cfg = DSparkScheduleConfig(gamma=gamma)
-        self.cfg.validate()
-        self.table = SpsCostTable(sample_batch_tokens=list(sps.sample_batch_tokens),
-                                  sample_steps_per_sec=list(sps.sample_steps_per_sec),
-                                  max_batch_tokens=sps.max_batch_tokens)
+        self.planner = DSparkPlanner(gamma, sps)
+        self.gamma = gamma
         self.lag = lag
-        self._past: dict[int, deque] = {}  # slot -> (request, conf row) of the last `lag` steps
+        # Per slot, a ring of the last `lag` steps' (request, confidences): the relay SGLang's planner reads.
+        self._req = torch.full((0, max(lag, 1)), -1, dtype=torch.int64)
+        self._conf = torch.zeros(0, max(lag, 1), gamma, dtype=torch.float32)
+        self._count = torch.zeros(0, dtype=torch.int64)
+
+    def _grow(self, n: int) -> None:
+        k = n - self._req.shape[0]
+        if k > 0:
+            self._req = torch.cat([self._req, torch.full((k, self._req.shape[1]), -1, dtype=torch.int64)])
+            self._conf = torch.cat([self._conf, torch.zeros(k, *self._conf.shape[1:], dtype=torch.float32)])
+            self._count = torch.cat([self._count, torch.zeros(k, dtype=torch.int64)])
 
     def _lagged(self, inp: StepInput) -> torch.Tensor:
         if self.lag == 0:
             return inp.conf
-        rows = []
-        for b, (slot, req) in enumerate(zip(inp.slots.tolist(), inp.requests)):
-            q = self._past.setdefault(slot, deque(maxlen=self.lag))
-            if len(q) == self.lag and q[0][0] == req:
-                rows.append(q[0][1])
-            else:  # SGLang: a request younger than the lag counts as all-surviving
-                rows.append(torch.ones_like(inp.conf[b]))
-            q.append((req, inp.conf[b].clone()))
-        return torch.stack(rows)
+        s = inp.slots
+        self._grow(int(s.max()) + 1)
+        req = torch.as_tensor(inp.requests, dtype=torch.int64)
+        idx = self._count[s] % self.lag  # the oldest of the last `lag` entries (the next one overwritten)
+        same = (self._req[s, idx] == req).view(-1, 1)  # this request has been here `lag` steps already
+        # SGLang: a request younger than the lag counts as all-surviving.
+        rows = torch.where(same, self._conf[s, idx], torch.ones_like(inp.conf))
+        self._req[s, idx] = req
+        self._conf[s, idx] = inp.conf.to(torch.float32)
+        self._count[s] += 1
+        return rows
 
     def step(self, inp: StepInput, history: TokenHistory) -> StepOutput:
         survival = torch.cumprod(self._lagged(inp).to(torch.float32), dim=1)
-        budget = self._budget_fn(history_survival_probs=survival, sps_table=self.table, cfg=self.cfg).budget
-        lens = self._lens_fn(confidence=inp.conf, budget=budget, cfg=self.cfg).to(torch.int64) - 1
+        budget = self.planner.budget(survival)
+        lens = self.planner.verify_lens(inp.conf, budget).to(torch.int64) - 1
         bs = inp.conf.shape[0]
         return StepOutput(inp.model_tokens, lens, bs + int(lens.sum()), torch.zeros(bs, dtype=torch.bool))
 
@@ -130,7 +139,9 @@ class HybridPolicy:
 
     def __init__(self, gamma: int, max_bs: int, sps: SpsTable, calibration, *, n_min: int = 2, n_max: int = 8,
                  max_draft: int = 7, window: int = 0, num_iters: int = 2, enable_ngram: bool = True,
-                 max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None) -> None:
+                 max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None,
+                 online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
+                 two_branch: bool = False) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -141,19 +152,36 @@ class HybridPolicy:
         width = max(gamma, max_draft)
         self.max_verify_len = gamma if max_verify_len is None else max_verify_len
         self.sel = SelectionBuffers(max_bs, width, "cpu")
-        self.sps = dense_sps(sps, max_bs * (1 + width), "cpu")
+        self.sps = dense_sps(sps, max_bs * (1 + gamma + max_draft), "cpu")
+        if two_branch and fixed_window is not None:
+            raise ValueError("two_branch: needs the ragged verify (a fixed window has no room for a second branch)")
+        self.two_branch = two_branch
         if fixed_window is not None and fixed_window < width:
             raise ValueError(f"fixed_window ({fixed_window}) must be >= max(gamma, max_draft) = {width}")
         self.fixed_window = fixed_window
         self._budget = torch.zeros(1, dtype=torch.int32)
         self.q = torch.zeros(max_bs, max_draft, dtype=torch.float32)
         self.surv = torch.zeros(max_bs, max_draft, dtype=torch.float32)
+        # Per-request recalibration (the simulator's slots are 0..max_bs-1), as HybridStep runs it.
+        self.online = OnlineCalibration(max_bs, max_bs, max_draft, "cpu", online_strength) if online_calibration \
+            else None
+
+    def on_prefill(self, slots: torch.Tensor) -> None:
+        if self.online is not None:
+            self.online.reset(slots)
+
+    def record(self, inp: StepInput, out: StepOutput, committed: torch.Tensor, counts: torch.Tensor) -> None:
+        """After verify: ``committed[b, :counts[b]]`` are the tokens the target produced (as HybridStep.record)."""
+        if self.online is not None:
+            self.online.update(inp.slots, committed, counts)
 
     def step(self, inp: StepInput, history: TokenHistory) -> StepOutput:
         bs = inp.slots.shape[0]
         d = history.lookup(inp.slots, self.cfg)
         q, surv = self.q[:bs], self.surv[:bs]
         self.calib.apply(d, inp.model_tokens, q, surv)
+        if self.online is not None:
+            self.online.apply(inp.slots, d.tokens, d.length, q, surv)
         nlen = d.length if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)
         out = self.sel.view(bs)
@@ -164,6 +192,12 @@ class HybridPolicy:
             self._budget.fill_(bs * self.fixed_window)
             select_chains(inp.model_tokens, model_surv, d.tokens, surv, nlen, self._budget, None, out,
                           num_iters=self.num_iters, max_verify_len=self.max_verify_len)
+        if self.two_branch:
+            tb = select_two_branch(inp.model_tokens, model_surv, d.tokens, surv, nlen, out.choice, out.verify_len,
+                                   self.sps, max_verify_len=self.max_verify_len)
+            batch = bs + int((tb.model_len + tb.ngram_len).sum())
+            return StepOutput(inp.model_tokens, tb.model_len, batch, tb.ngram_len > 0, d.tokens, nlen, surv,
+                              second_tokens=d.tokens, second_len=tb.ngram_len)
         vl = out.verify_len.to(torch.int64)
         batch = bs + int(vl.sum()) if self.fixed_window is None else bs * (1 + self.fixed_window)
         return StepOutput(out.tokens, vl, batch, out.choice == 1, d.tokens, nlen, surv)

@@ -44,6 +44,9 @@ class SimOptions:
     window: int = HybridConfig.window
     num_iters: int = HybridConfig.num_iters
     enable_ngram: bool = True
+    online_calibration: bool = HybridConfig.online_calibration  # per-request recalibration (calibration/online.py)
+    online_strength: float = HybridConfig.online_strength
+    two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
     calibration: Optional[str] = None  # None = the shipped table
     sps_table: Optional[str] = None  # None = the shipped roofline table
@@ -68,6 +71,10 @@ class SimOptions:
             raise ValueError(f"measure: choose from ('steady', 'all'), got {self.measure!r}")
         if self.hybrid_verify not in ("ragged", "fixed"):
             raise ValueError(f"hybrid_verify: choose from ('ragged', 'fixed'), got {self.hybrid_verify!r}")
+        if self.two_branch and self.hybrid_verify != "ragged":
+            raise ValueError("two_branch: needs hybrid_verify 'ragged'")
+        if not self.online_strength > 0:
+            raise ValueError(f"online_strength: must be > 0, got {self.online_strength}")
         if self.max_draft is not None and not (1 <= self.max_draft <= 16):
             raise ValueError(f"max_draft: must be in [1, 16], got {self.max_draft}")
 
@@ -94,18 +101,38 @@ def load_calibration(path: Optional[str]):
     return CalibrationTable.load(path) if path else CalibrationTable.load_default()
 
 
+_TOKENIZERS: dict = {}
+_ENCODED: dict = {}  # (tokenizer id, text) -> token ids: a report tokenizes each record once, not once per run
+
+
+def _load_tokenizer(path: Optional[str]):
+    if path not in _TOKENIZERS:
+        from ..tokenizer import load_tokenizer
+
+        _TOKENIZERS[path] = load_tokenizer(path)
+    return _TOKENIZERS[path]
+
+
+def _encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
+    key = id(tokenizer)
+    _TOKENIZERS.setdefault(("id", key), tokenizer)  # keeps it alive, so its id is never reused
+    missing = [t for t in dict.fromkeys(texts) if (key, t) not in _ENCODED]
+    if missing:
+        for t, enc in zip(missing, tokenizer.encode_batch(missing, add_special_tokens=False)):
+            _ENCODED[(key, t)] = np.asarray(enc.ids, dtype=np.int32)
+    return [_ENCODED[(key, t)] for t in texts]
+
+
 def prepare_requests(records: Sequence[Record], opts: SimOptions, tokenizer=None) -> tuple[list[Request], int, dict]:
     """Tokenize and draw the model drafter's behaviour; returns (requests, vocab size, trace coverage)."""
     if tokenizer is None:
-        from ..tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(opts.tokenizer)
+        tokenizer = _load_tokenizer(opts.tokenizer)
     if opts.max_requests:
         records = records[: opts.max_requests]
     if not records:
         raise ValueError("workload: no records to simulate")
-    prompts = tokenizer.encode_batch([r.prompt for r in records], add_special_tokens=False)
-    outputs = tokenizer.encode_batch([r.output for r in records], add_special_tokens=False)
+    prompts = _encode(tokenizer, [r.prompt for r in records])
+    outputs = _encode(tokenizer, [r.output for r in records])
     trace = load_trace(opts.trace, opts.gamma) if opts.trace else None
     models: dict[str, AcceptanceModel] = {}
     draws: dict[str, ModelDraws] = {}
@@ -115,9 +142,9 @@ def prepare_requests(records: Sequence[Record], opts: SimOptions, tokenizer=None
             models[rec.kind] = AcceptanceModel.for_kind(rec.kind, opts.gamma, length=opts.accept_length,
                                                         decay=opts.decay, concentration=opts.concentration)
             draws[rec.kind] = ModelDraws(models[rec.kind], opts.seed, trace)
-        out = np.asarray(o.ids, dtype=np.int32)
+        out = o
         conf, acc = draws[rec.kind].for_request(i, rec.id, len(out))
-        reqs.append(Request(i, rec.id, np.asarray(p.ids, dtype=np.int32), out, conf, acc))
+        reqs.append(Request(i, rec.id, p, out, conf, acc))
     coverage: dict = {}
     if trace is not None:
         for d in draws.values():
@@ -140,7 +167,9 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
                             load_calibration(opts.calibration), n_min=opts.n_min, n_max=opts.n_max, max_draft=L,
                             window=opts.window, num_iters=opts.num_iters, enable_ngram=opts.enable_ngram,
                             max_verify_len=opts.gamma if L <= opts.gamma else 0,
-                            fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None)
+                            fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None,
+                            online_calibration=opts.online_calibration, online_strength=opts.online_strength,
+                            two_branch=opts.two_branch)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 
 

@@ -10,6 +10,7 @@ table (default: the shipped roofline table for an 8B model on an H200). See ``sg
 from __future__ import annotations
 
 import argparse
+import os
 import dataclasses
 import json
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .acceptance import DEFAULT_CONCENTRATION, DEFAULT_DECAY
+from ..config import HybridConfig
 from .runner import DEFAULT_DRAFT_COST_FRAC, DEFAULT_NGRAM_WIDTH, POLICIES, SimOptions
 
 
@@ -68,15 +70,30 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--hybrid-verify", choices=("ragged", "fixed"), default="ragged",
                    help="ragged: DSpark-style verify of the chosen lengths under the SPS budget; fixed: the "
                         "EAGLE-family worker, a max(gamma, max-draft) + 1 window for every request")
+    n.add_argument("--two-branch", action="store_true",
+                   help="ragged hybrid: a request may verify both chains as a two-branch tree (keeps the longer "
+                        "accepted branch) where the SPS objective says it pays")
     n.add_argument("--n-min", type=int, default=2)
     n.add_argument("--n-max", type=int, default=8)
     n.add_argument("--num-iters", type=int, default=2)
     n.add_argument("--no-ngram", action="store_true", help="hybrid with its n-gram drafter disabled (ablation)")
+    n.add_argument("--online-calibration", dest="online_calibration", action="store_true", default=None,
+                   help="per-request recalibration of the n-gram estimates (default: the plugin's default, on)")
+    n.add_argument("--no-online-calibration", dest="online_calibration", action="store_false",
+                   help="the shipped calibration table alone")
+    n.add_argument("--online-strength", type=float, default=None,
+                   help="prior strength of the recalibration (larger: trust the table longer; default: the plugin's)")
     p.add_argument("--cost", choices=("sps", "roofline-2d"), default="sps",
                    help="step cost: 1/SPS(B) from the table, or a roofline charging each request's KV (see cost.py)")
     p.add_argument("--measure", choices=("steady", "all"), default="steady",
                    help="steady: count only full-batch steps (stop when the queue runs dry); all: replay to the end")
-    p.add_argument("--progress", dest="progress", action="store_true", default=None, help="tqdm bar on stderr")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads; the replay runs many small tensor ops, which one thread does fastest "
+                        "(on a shared 2-core machine, 2 threads ran 10x slower)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="--default: processes that run the (workload, batch size) cells side by side")
+    p.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="tqdm bar of finished requests on stderr (default: when stderr is a terminal)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -88,7 +105,10 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         dspark_lag=args.dspark_lag, ngram_width=args.ngram_width, accept_length=args.accept_length,
         concentration=args.concentration, decay=args.decay, trace=args.trace, n_min=args.n_min, n_max=args.n_max,
         max_draft=args.max_draft, num_iters=args.num_iters, enable_ngram=not args.no_ngram,
-        hybrid_verify=args.hybrid_verify,
+        hybrid_verify=args.hybrid_verify, two_branch=args.two_branch,
+        online_calibration=HybridConfig.online_calibration if args.online_calibration is None
+        else args.online_calibration,
+        online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,
         calibration=args.calibration, sps_table=args.sps_table, tokenizer=args.tokenizer,
         measure=args.measure, cost=args.cost, progress=sys.stderr.isatty() if args.progress is None else args.progress,
     )
@@ -97,6 +117,15 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``hybrid-spark simulate``; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.jobs < 1:
+        print(f"hybrid-spark simulate: error: --jobs: must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    if args.threads < 1:
+        print(f"hybrid-spark simulate: error: --threads: must be >= 1, got {args.threads}", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(args.threads)
     from .report import run_report
     from .runner import load_calibration, simulate
     from .jsonl import read_workload
@@ -107,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .report import REPORT_BATCH_SIZES
 
             bss = args.batch_size or list(REPORT_BATCH_SIZES)
-            runs = run_report(bss, max_requests=args.max_requests, base=_options(args, bss[0]))
+            runs = run_report(bss, max_requests=args.max_requests, base=_options(args, bss[0]), jobs=args.jobs)
         else:
             records = read_workload(args.workload)
             bss = args.batch_size or [4]

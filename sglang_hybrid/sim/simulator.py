@@ -32,6 +32,10 @@ from ..selection.sps import SpsTable
 from .policies import StepInput
 
 
+# Set by a report's worker process: called with the number of requests a step finished (its progress bar).
+ON_REQUESTS_DONE = None
+
+
 @dataclass
 class PolicyResult:
     """Totals of one policy on one workload at one batch size."""
@@ -142,35 +146,47 @@ def run_policy(
     draft_cols = max(look, 16)
     hist = TokenHistory(batch_size, width, "cpu", backend="torch", max_batch_size=batch_size, max_draft=draft_cols)
     res = PolicyResult(policy.name, batch_size)
-    queue = deque(r for r in requests if len(r.output) >= 2)
-    res.requests = len(queue)
+    # Every request's reference output (padded with -1), confidences and model acceptance lengths, flattened:
+    # a step gathers all running requests' rows at once.
+    reqs_list = list(requests)
     pad = np.full(look + 1, -1, dtype=np.int64)
-    refs = {r.index: np.concatenate([r.output.astype(np.int64), pad]) for r in requests}
-    running: dict[int, tuple[Request, int]] = {}  # slot -> (request, output position)
-    free = list(range(batch_size - 1, -1, -1))
-    bar = _bar(sum(len(r.output) - 1 for r in queue), progress, label or policy.name)
+    ref_flat = np.concatenate([np.concatenate([r.output.astype(np.int64), pad]) for r in reqs_list])
+    ref_off = np.cumsum([0] + [len(r.output) + look + 1 for r in reqs_list])[:-1]
+    conf_flat = np.concatenate([np.asarray(r.conf, dtype=np.float32).reshape(-1, gamma) for r in reqs_list])
+    acc_flat = np.concatenate([np.asarray(r.accept_len, dtype=np.int64) for r in reqs_list])
+    row_off = np.cumsum([0] + [len(r.output) for r in reqs_list])[:-1]
+    out_len = np.array([len(r.output) for r in reqs_list], dtype=np.int64)
+    prompt_len = np.array([len(r.prompt) for r in reqs_list], dtype=np.int64)
+    req_index = np.array([r.index for r in reqs_list], dtype=np.int64)
+    queue = deque(i for i, r in enumerate(reqs_list) if len(r.output) >= 2)
+    res.requests = len(queue)
+    slot_req = np.full(batch_size, -1, dtype=np.int64)  # position in reqs_list of each slot's request
+    slot_pos = np.zeros(batch_size, dtype=np.int64)  # its output position
+    bar = _bar(len(queue), progress, label or policy.name)
     col = np.arange(gamma)
-    while queue or running:
-        admitted = []
-        while free and queue:
-            slot, req = free.pop(), queue.popleft()
-            running[slot] = (req, 1)
-            admitted.append((slot, req))
-        if admitted:
-            _prefill(hist, admitted)
-        if measure == "steady" and len(running) < batch_size:
-            break
-        order = sorted(running)
+    ar_look = np.arange(look)
+    while queue or (slot_req >= 0).any():
+        free = np.flatnonzero(slot_req < 0)[: len(queue)]  # the lowest free slots, in order
+        if len(free):
+            new_reqs = [queue.popleft() for _ in range(len(free))]
+            slot_req[free] = new_reqs
+            slot_pos[free] = 1
+            _prefill(hist, [(int(sl), reqs_list[i]) for sl, i in zip(free, new_reqs)])
+            if hasattr(policy, "on_prefill"):
+                policy.on_prefill(torch.from_numpy(free))
+        order = np.flatnonzero(slot_req >= 0)
         bs = len(order)
-        slots = torch.tensor(order, dtype=torch.int64)
-        reqs = [running[s][0] for s in order]
-        pos = np.array([running[s][1] for s in order], dtype=np.int64)
-        ref = np.stack([refs[r.index][p: p + look] for r, p in zip(reqs, pos)])  # [bs, look], -1 past the end
-        acc_m = np.array([r.accept_len[p] for r, p in zip(reqs, pos)], dtype=np.int64)
-        conf = np.stack([r.conf[p] for r, p in zip(reqs, pos)])
+        if measure == "steady" and bs < batch_size:
+            break
+        slots = torch.from_numpy(order)
+        ri, pos = slot_req[order], slot_pos[order]
+        ref = ref_flat[(ref_off[ri] + pos)[:, None] + ar_look[None, :]]  # [bs, look], -1 past the end
+        row = row_off[ri] + pos
+        acc_m = acc_flat[row]
+        conf = conf_flat[row]
         wrong = np.where(ref[:, :gamma] < 0, 0, (ref[:, :gamma] + 1) % vocab_size)
         model_tok = np.where(col[None, :] < acc_m[:, None], ref[:, :gamma], wrong)
-        inp = StepInput(slots, [r.index for r in reqs], torch.from_numpy(model_tok.astype(np.int32)),
+        inp = StepInput(slots, req_index[ri], torch.from_numpy(model_tok.astype(np.int32)),
                         torch.from_numpy(np.ascontiguousarray(conf, dtype=np.float32)))
         out = policy.step(inp, hist)
         vl = out.verify_len.numpy().astype(np.int64)
@@ -180,11 +196,20 @@ def run_policy(
             raise ValueError(f"policy chain width {c} exceeds the simulator lookahead {look}")
         match = (chain == ref[:, :c]) & (np.arange(c)[None, :] < vl[:, None])
         accepted = np.where(match.all(axis=1), c, np.argmin(match, axis=1))
-        remaining = np.array([len(r.output) for r in reqs]) - pos
+        if out.second_len is not None:  # two-branch verify: the longer accepted branch is kept
+            vl2 = out.second_len.numpy().astype(np.int64)
+            ch2 = out.second_tokens.numpy().astype(np.int64)
+            c2 = ch2.shape[1]
+            m2 = (ch2 == ref[:, :c2]) & (np.arange(c2)[None, :] < vl2[:, None])
+            accepted = np.maximum(accepted, np.where(m2.all(axis=1), c2, np.argmin(m2, axis=1)))
+            vl = vl + vl2
+        remaining = out_len[ri] - pos
         produced = np.minimum(accepted + 1, remaining)
-        new = np.where(np.arange(look)[None, :] < produced[:, None], ref, 0).astype(np.int32)
+        new = np.where(ar_look[None, :] < produced[:, None], ref, 0).astype(np.int32)
         hist.append(slots, torch.from_numpy(new), torch.from_numpy(produced.astype(np.int32)))
-        t = cost.seconds(out.batch_tokens, bs, int(sum(len(r.prompt) for r in reqs) + pos.sum()))
+        if hasattr(policy, "record"):
+            policy.record(inp, out, torch.from_numpy(new), torch.from_numpy(produced))
+        t = cost.seconds(out.batch_tokens, bs, int(prompt_len[ri].sum() + pos.sum()))
         res.steps += 1
         res.request_steps += bs
         res.output_tokens += int(produced.sum())
@@ -204,20 +229,16 @@ def run_policy(
             res.ngram_pred += float((out.ngram_surv.numpy() * (np.arange(L)[None, :] < nl[:, None])).sum())
         if record_hist:
             res.accepted_hist.extend(int(x) for x in produced)
-        done = []
-        for s, r, p, n in zip(order, reqs, pos, produced):
-            if p + n >= len(r.output):
-                done.append(s)
-            else:
-                running[s] = (r, int(p + n))
-        if done:
-            hist.reset(torch.tensor(done, dtype=torch.int64))
-            for s in done:
-                del running[s]
-                free.append(s)
-            free.sort(reverse=True)
-        if bar is not None:
-            bar.update(int(produced.sum()))
+        new_pos = pos + produced
+        slot_pos[order] = new_pos
+        done = order[new_pos >= out_len[ri]]
+        if len(done):
+            hist.reset(torch.from_numpy(done))
+            slot_req[done] = -1
+            if bar is not None:
+                bar.update(len(done))
+            if ON_REQUESTS_DONE is not None:
+                ON_REQUESTS_DONE(len(done))
     if bar is not None:
         bar.close()
     return res
@@ -241,4 +262,4 @@ def _bar(total: int, enabled: bool, label: str):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=label, unit="tok", file=sys.stderr, leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc=label, unit="req", file=sys.stderr, leave=False, dynamic_ncols=True)

@@ -1,0 +1,247 @@
+"""Online per-request recalibration of the n-gram drafts' acceptance estimates.
+
+The shipped calibration table predicts, for each n-gram draft token j, the conditional acceptance ``q_j`` (token
+j accepted given tokens 0..j-1 were) from features of the match. It is fit on other traffic; a given request
+copies more (an edit that keeps most of the file) or less (an answer that only quotes a few names) than the
+table's average. Each request therefore keeps its own record of how its n-gram drafts fared, by position j:
+
+* ``E[slot, j]``: the sum of ``q_j (1 - y_j)`` over the drafts whose token j was *tried* (tokens 0..j-1
+  matched what the target produced, and the target produced at least j + 1 tokens that step), ``y_j`` = 1 if
+  token j matched: the probability the table put on the tokens that failed;
+* ``O[slot, j]``: the sum of ``(1 - q_j) y_j``: the probability it denied the tokens that were accepted.
+
+For a calibrated table both have the same expectation; ``O / E`` is the Mantel-Haenszel estimate of the odds
+ratio between the request's outcomes and the table's predictions, and the correction is applied to the odds
+(``odds(q') = odds(q) r``: a shift of the logit), which keeps the table's ranking of drafts. (Scaling ``q``
+itself by observed / predicted does not: a request with many poor drafts would drag its good ones down with
+them, and long chains were then never taken.)
+
+Every n-gram draft is scored, chosen or not: after verify, the tokens the target committed (accepted drafts and
+the bonus) are known, and an n-gram draft's token j is tried iff ``j < min(draft length, committed length)`` and
+its tokens 0..j-1 equal the committed ones. So a request whose n-gram chains the selection never takes still
+corrects an under-estimate.
+
+Shrinkage (ratio estimates with a prior, three levels), with prior strength ``s`` (in units of the sums above):
+
+* the traffic: ``g_j = (GO_j + s G) / (GE_j + s)`` with ``G = (sum_j GO_j + s) / (sum_j GE_j + s)``, from the
+  same record summed over every request, decayed by ``global_decay`` per step (it follows the traffic: a
+  chat-heavy hour, a code-heavy one). Positions rarely tried (at large batches a model-chain step scores only
+  the first one or two tokens of an n-gram draft) borrow the ratio of the positions that were;
+* the request: ``R = (sum_j O_j + s) / (sum_j E_j g_j + s)``, how this request deviates from the traffic;
+* the position: ``r_j = (O_j + s R g_j) / (E_j + s)``.
+
+The recalibrated estimate is ``q'_j = q_j r_j / (1 + q_j (r_j - 1))`` (odds times ``r_j``), and the survivals
+are multiplied by the running product of ``q'_j / q_j``. With no evidence (``E = O = GE = GO = 0``) every ratio is exactly 1, so ``q'`` and
+the survivals equal the table's bit for bit. As a request's evidence accumulates ``r_j -> O_j / E_j``, its own
+observed/predicted ratio at position j; before it has any, ``r_j = g_j``.
+
+Decode-step rules: ``apply`` and ``update`` never read the device, never allocate (every op writes into
+buffers made at construction for the largest batch) and never branch on device data. ``reset`` runs at
+prefill. ``OnlineCalibrationRef`` below is the plain-Python definition the tests compare against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_STRENGTH = 2.0
+DEFAULT_GLOBAL_DECAY = 0.999  # per decode step: the traffic-level record remembers about the last 1000 steps
+
+
+class OnlineCalibration:
+    """Per-slot accepted-vs-predicted records and the recalibration they drive (see the module docstring).
+
+    Args:
+        num_slots: request-pool slots (rows of the record).
+        max_bs: largest batch of one ``apply`` / ``update``.
+        width: ``L``, the longest n-gram chain (columns of ``q``).
+        strength: prior strength ``s`` > 0 (larger: the table is trusted longer).
+    """
+
+    def __init__(self, num_slots: int, max_bs: int, width: int, device: torch.device | str,
+                 strength: float = DEFAULT_STRENGTH, global_decay: float = DEFAULT_GLOBAL_DECAY) -> None:
+        if not strength > 0:
+            raise ValueError(f"online calibration strength: must be > 0, got {strength}")
+        if not 0.0 <= global_decay <= 1.0:
+            raise ValueError(f"online calibration global_decay: must be in [0, 1], got {global_decay}")
+        if num_slots < 1 or max_bs < 1 or width < 1:
+            raise ValueError(f"online calibration: num_slots, max_bs and width must be >= 1, "
+                             f"got {num_slots}, {max_bs}, {width}")
+        self.device = torch.device(device)
+        self.strength = float(strength)
+        self.width = width
+        f32 = dict(dtype=torch.float32, device=self.device)
+        self.expected = torch.zeros(num_slots, width, **f32)  # E: sum q (1 - y) over tried tokens
+        self.observed = torch.zeros(num_slots, width, **f32)  # O: sum (1 - q) y
+        self.global_expected = torch.zeros(width, **f32)  # GE
+        self.global_observed = torch.zeros(width, **f32)  # GO
+        self._g = torch.zeros(width, **f32)
+        self._gtmp = torch.zeros(width, **f32)
+        self._gsum = torch.zeros(2, **f32)
+        self._decay = torch.tensor(float(global_decay), **f32)
+        # This step's drafts as the table scored them (kept until ``update``).
+        self._q = torch.zeros(max_bs, width, **f32)
+        self._tok = torch.zeros(max_bs, width, dtype=torch.int32, device=self.device)
+        self._len = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
+        self._slots = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
+        # Scratch.
+        self._e = torch.zeros(max_bs, width, **f32)
+        self._o = torch.zeros(max_bs, width, **f32)
+        self._r = torch.zeros(max_bs, width, **f32)
+        self._f = torch.zeros(max_bs, width, **f32)
+        self._es = torch.zeros(max_bs, 1, **f32)
+        self._os = torch.zeros(max_bs, 1, **f32)
+        self._match = torch.zeros(max_bs, width, **f32)
+        self._pref = torch.zeros(max_bs, width + 1, **f32)
+        self._lim = torch.zeros(max_bs, 1, dtype=torch.int64, device=self.device)
+        self._in = torch.zeros(max_bs, width, dtype=torch.bool, device=self.device)
+        self._inf = torch.zeros(max_bs, width, **f32)
+        self._cmt = torch.zeros(max_bs, width, dtype=torch.int32, device=self.device)
+        self._clen = torch.zeros(max_bs, 1, dtype=torch.int64, device=self.device)
+        self._s = torch.tensor(self.strength, **f32)  # a Python scalar in an op would be wrapped each call
+        self._one = torch.ones((), **f32)
+        self._col = torch.arange(width, dtype=torch.int64, device=self.device).view(1, width)
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """Forget the records of ``slots`` (at prefill: a new request starts with no evidence)."""
+        s = slots.to(torch.int64)
+        self.expected.index_fill_(0, s, 0.0)
+        self.observed.index_fill_(0, s, 0.0)
+
+    def apply(self, slots: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
+              survival: torch.Tensor) -> None:
+        """Recalibrate in place ``q [bs, L]`` and ``survival [bs, L]`` (the table's, from ``DeviceCalibration``).
+
+        ``tokens [bs, L]`` / ``length [bs]``: the n-gram drafts (kept, with the table's ``q``, for ``update``).
+        """
+        bs, L = q.shape
+        if L != self.width:
+            raise ValueError(f"online calibration: q has {L} columns, the record {self.width}")
+        s = self._slots[:bs]
+        s.copy_(slots)  # int32 or int64 slots, no allocation
+        self._q[:bs].copy_(q)
+        self._tok[:bs].copy_(tokens)
+        self._len[:bs].copy_(length)
+        e, o, r, f = self._e[:bs], self._o[:bs], self._r[:bs], self._f[:bs]
+        es, os_ = self._es[:bs], self._os[:bs]
+        torch.index_select(self.expected, 0, s, out=e)
+        torch.index_select(self.observed, 0, s, out=o)
+        sv, g, gs = self._s, self._g, self._gsum
+        torch.sum(self.global_observed, 0, keepdim=True, out=gs[:1])
+        torch.sum(self.global_expected, 0, keepdim=True, out=gs[1:])
+        gs.add_(sv)
+        gs[:1].div_(gs[1:])  # G = (sum GO + s) / (sum GE + s), the traffic's ratio over all positions
+        gs[:1].mul_(sv)
+        torch.add(self.global_observed, gs[:1], out=g)
+        torch.add(self.global_expected, sv, out=self._gtmp)
+        g.div_(self._gtmp)  # g_j = (GO_j + s G) / (GE_j + s), the traffic-level ratio at position j
+        torch.sum(o, 1, keepdim=True, out=os_)
+        os_.add_(sv)
+        torch.mul(e, g, out=r)
+        torch.sum(r, 1, keepdim=True, out=es)
+        es.add_(sv)
+        os_.div_(es)  # R = (sum O + s) / (sum E g + s), the request-level ratio
+        os_.mul_(sv)
+        torch.mul(os_, g, out=r)
+        r.add_(o)
+        e.add_(sv)
+        r.div_(e)  # r_j = (O_j + s R g_j) / (E_j + s)
+        torch.sub(r, self._one, out=f)  # q' = q r / (1 + q (r - 1)): the factor is r / (1 + q (r - 1))
+        f.mul_(q)
+        f.add_(self._one)
+        torch.div(r, f, out=f)  # exactly 1 where r == 1
+        q.mul_(f)
+        torch.cumprod(f, 1, out=r)
+        survival.mul_(r)
+
+    def update(self, slots: torch.Tensor, committed: torch.Tensor, commit_len: torch.Tensor) -> None:
+        """After verify: score this step's n-gram drafts against ``committed[b, :commit_len[b]]``.
+
+        ``committed [bs, K]``: the tokens the target produced (accepted drafts, then the bonus token).
+        """
+        bs = committed.shape[0]
+        L = self.width
+        k = min(L, committed.shape[1])
+        s = self._slots[:bs]
+        s.copy_(slots)
+        match, pref, lim, inside = self._match[:bs], self._pref[:bs], self._lim[:bs], self._in[:bs]
+        match.zero_()
+        cmt, clen, inside_f = self._cmt[:bs, :k], self._clen[:bs], self._inf[:bs]
+        cmt.copy_(committed[:, :k])  # copy_ converts the dtype in place (an op on mixed dtypes would allocate)
+        clen.copy_(commit_len.view(-1, 1))
+        torch.eq(self._tok[:bs, :k], cmt, out=inside[:, :k])
+        match[:, :k].copy_(inside[:, :k])
+        # lim = min(draft length, committed length): token j is scored iff j < lim and tokens 0..j-1 matched.
+        torch.minimum(self._len[:bs].view(-1, 1), clen, out=lim)
+        torch.lt(self._col, lim, out=inside)
+        if k < L:  # the committed row is shorter than the chain (host-known shape)
+            inside[:, k:].fill_(False)
+        inside_f.copy_(inside)
+        pref[:, :1].copy_(self._one)
+        torch.cumprod(match, 1, out=pref[:, 1:])  # pref[:, j] = tokens 0..j-1 all matched
+        tried, ok = self._e[:bs], self._o[:bs]
+        torch.mul(pref[:, :L], inside_f, out=tried)
+        torch.mul(pref[:, 1:], inside_f, out=ok)
+        qb, miss = self._q[:bs], self._r[:bs]
+        tried.sub_(ok).mul_(qb)  # q (1 - y) over tried tokens
+        torch.sub(self._one, qb, out=miss)
+        ok.mul_(miss)  # (1 - q) y
+        self.expected.index_add_(0, s, tried)
+        self.observed.index_add_(0, s, ok)
+        for glob, rec in ((self.global_expected, tried), (self.global_observed, ok)):
+            glob.mul_(self._decay)
+            torch.sum(rec, 0, out=self._gtmp)
+            glob.add_(self._gtmp)
+
+
+class OnlineCalibrationRef:
+    """Plain-Python definition of :class:`OnlineCalibration` (lists of floats; for the tests)."""
+
+    def __init__(self, num_slots: int, width: int, strength: float = DEFAULT_STRENGTH,
+                 global_decay: float = DEFAULT_GLOBAL_DECAY) -> None:
+        self.s = float(strength)
+        self.decay = float(global_decay)
+        self.width = width
+        self.E = [[0.0] * width for _ in range(num_slots)]
+        self.O = [[0.0] * width for _ in range(num_slots)]
+        self.GE = [0.0] * width
+        self.GO = [0.0] * width
+        self.pending: dict[int, tuple[list[int], int, list[float]]] = {}
+
+    def reset(self, slot: int) -> None:
+        self.E[slot] = [0.0] * self.width
+        self.O[slot] = [0.0] * self.width
+
+    def apply(self, slot: int, tokens: list[int], length: int, q: list[float]) -> tuple[list[float], list[float]]:
+        """(recalibrated q, survivals) for one request's draft; the survivals are the table's running product
+        of ``q`` times the running product of the factors ``q'_j / q_j``."""
+        self.pending[slot] = (list(tokens), int(length), list(q))
+        E, O, s = self.E[slot], self.O[slot], self.s
+        G = (sum(self.GO) + s) / (sum(self.GE) + s)
+        g = [(go + s * G) / (ge + s) for go, ge in zip(self.GO, self.GE)]
+        R = (sum(O) + s) / (sum(e * gj for e, gj in zip(E, g)) + s)
+        q_new, surv, base, fac = [], [], 1.0, 1.0
+        for j, qj in enumerate(q):
+            r = (O[j] + s * R * g[j]) / (E[j] + s)
+            f = r / (1.0 + qj * (r - 1.0))
+            q_new.append(qj * f)
+            base *= qj
+            fac *= f
+            surv.append(base * fac)
+        return q_new, surv
+
+    def update(self, committed_by_slot: dict[int, list[int]]) -> None:
+        """One step's verify results: ``{slot: committed tokens}`` for every slot ``apply`` saw this step."""
+        tried_sum, ok_sum = [0.0] * self.width, [0.0] * self.width
+        for slot, committed in committed_by_slot.items():
+            tokens, length, q = self.pending.pop(slot)
+            lim = min(length, len(committed), self.width)
+            for j in range(lim):
+                if tokens[j] != committed[j]:
+                    self.E[slot][j] += q[j]
+                    tried_sum[j] += q[j]
+                    break
+                self.O[slot][j] += 1.0 - q[j]
+                ok_sum[j] += 1.0 - q[j]
+        self.GE = [self.decay * a + b for a, b in zip(self.GE, tried_sum)]
+        self.GO = [self.decay * a + b for a, b in zip(self.GO, ok_sum)]

@@ -1,0 +1,50 @@
+"""Simulator regression on a small fixed slice: the hybrid is never below either pure policy by more than noise.
+
+Deterministic counts, not timings: each policy's accepted tokens per request-step and its modelled throughput
+(output tokens over the SPS-table step costs, both counts of the replay). The slice is the first 12 records of
+each shipped workload (outputs cut to their first 2000 characters), batch 4, steady measure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from sglang_hybrid.sim.jsonl import read_workload
+from sglang_hybrid.sim.runner import SimOptions, simulate
+
+DATA = Path(__file__).resolve().parent.parent / "sglang_hybrid" / "data" / "workloads"
+NOISE = 0.02  # relative: a 12-request slice moves by about this much between neighbouring settings
+
+
+def _slice(name: str):
+    return [dataclasses.replace(r, output=r.output[:2000]) for r in read_workload(DATA / name)[:12]]
+
+
+@pytest.fixture(scope="module")
+def results():
+    out = {}
+    for kind, name in (("code-edit", "code_edit.jsonl"), ("chat", "chat.jsonl")):
+        out[kind] = simulate(_slice(name), SimOptions(batch_size=4))["policies"]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["code-edit", "chat"])
+def test_hybrid_not_below_dspark(results, kind):
+    p = results[kind]
+    assert p["hybrid"]["accepted_per_step"] >= p["dspark"]["accepted_per_step"] * (1 - NOISE)
+    assert p["hybrid"]["throughput"] >= p["dspark"]["throughput"] * (1 - NOISE)
+
+
+def test_hybrid_not_below_ngram_on_chat(results):
+    p = results["chat"]
+    assert p["hybrid"]["throughput"] >= p["ngram"]["throughput"] * (1 - NOISE)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12 goal not met: at batch 4 NGRAM's 12-token window beats the "
+                                       "hybrid on code edits (README, issue-12 section)")
+def test_hybrid_not_below_ngram_on_code_edits_at_batch_4(results):
+    p = results["code-edit"]
+    assert p["hybrid"]["throughput"] >= p["ngram"]["throughput"] * (1 - NOISE)
