@@ -209,3 +209,19 @@ def spec_counters(outputs: List[dict]) -> Dict[str, int]:
         nz = [k for k, v in enumerate(hist) if v]
         total["max_accepted_in_a_step"] = max(total["max_accepted_in_a_step"], max(nz) if nz else 0)
     return total
+
+
+def repeats(ids: Sequence[int], n: int = 3) -> bool:
+    """Whether some n-gram of ``ids`` occurs twice (the output copies itself: an n-gram drafter can help)."""
+    seen = set()
+    for i in range(len(ids) - n + 1):
+        key = tuple(ids[i : i + n])
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
+def repeating_rows(prompts: List[List[int]], reference: List[List[int]], max_new: int, n: int = 3) -> List[int]:
+    """Indices of the prompts whose text plus the first ``max_new`` reference tokens repeat an ``n``-gram."""
+    return [i for i, (p, r) in enumerate(zip(prompts, reference)) if repeats(list(p) + list(r[:max_new]), n)]

@@ -22,10 +22,10 @@ Tests are ordered so that each engine starts once (the pool keeps two alive).
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List
 
 import pytest
-from e2e_scenarios import check_greedy, hf_greedy
+from e2e_scenarios import check_greedy, hf_greedy, repeating_rows
 from engine_harness import DSPARK_GAMMA
 
 pytestmark = pytest.mark.e2e
@@ -33,18 +33,8 @@ pytestmark = pytest.mark.e2e
 MAX_NEW = 32
 
 
-def _repeats(ids: Sequence[int], n: int = 4) -> bool:
-    seen = set()
-    for i in range(len(ids) - n + 1):
-        key = tuple(ids[i : i + n])
-        if key in seen:
-            return True
-        seen.add(key)
-    return False
-
-
 def _repeating_rows(prompts, reference) -> List[int]:
-    return [i for i, (p, r) in enumerate(zip(prompts, reference)) if _repeats(list(p) + list(r[:MAX_NEW]))]
+    return repeating_rows(prompts, reference, MAX_NEW, n=4)
 
 
 def _greedy(max_new: int) -> dict:

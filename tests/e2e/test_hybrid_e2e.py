@@ -8,29 +8,18 @@ inside the HYBRID_SPARK decode step raises, so those runs also prove the step ne
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List
 
 import pytest
-from e2e_scenarios import check_greedy
+from e2e_scenarios import check_greedy, repeating_rows
 
 pytestmark = pytest.mark.e2e
 
 MAX_NEW = 40
 
 
-def _repeats(ids: Sequence[int], n: int = 3) -> bool:
-    """Whether some n-gram of ``ids`` occurs twice (the output copies itself: an n-gram drafter can help)."""
-    seen = set()
-    for i in range(len(ids) - n + 1):
-        key = tuple(ids[i : i + n])
-        if key in seen:
-            return True
-        seen.add(key)
-    return False
-
-
 def _repeating_prompts(prompts: List[List[int]], reference: List[List[int]]) -> List[int]:
-    return [i for i, (p, r) in enumerate(zip(prompts, reference)) if _repeats(list(p) + list(r[:MAX_NEW]))]
+    return repeating_rows(prompts, reference, MAX_NEW)
 
 
 @pytest.mark.parametrize("config", ["hybrid_spark_standalone", "hybrid_spark_ngram_only", "hybrid_spark_wide"])
