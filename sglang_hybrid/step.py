@@ -30,6 +30,15 @@ from .stats import COUNTER_NAMES, SLOT_STAT_NAMES, StepStats  # noqa: F401 (re-e
 
 logger = logging.getLogger("sglang_hybrid")
 
+def _conditional(surv: torch.Tensor, prev: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Per-token conditional acceptance ``c_j = S_j / S_{j-1}`` (``S_0 = 1``) of prefix survivals ``surv``, clamped
+    to [0, 1], into ``out``; ``prev`` is scratch of the same shape."""
+    prev[:, :1].fill_(1.0)
+    prev[:, 1:].copy_(surv[:, :-1])
+    torch.div(surv, prev.clamp_(min=1e-12), out=out)
+    return out.clamp_(0.0, 1.0)
+
+
 @dataclass
 class Proposal:
     """Views of preallocated buffers: the merged chain to verify for each request."""
@@ -200,12 +209,7 @@ class HybridStep:
         s = proposal.survival
         bs = s.shape[0]
         with sync_guard(self._guard):
-            out = self.conf[:bs]
-            prev = self.conf_prev[:bs]
-            prev[:, :1].fill_(1.0)
-            prev[:, 1:].copy_(s[:, :-1])
-            torch.div(s, prev.clamp_(min=1e-12), out=out)
-            return out.clamp_(0.0, 1.0)
+            return _conditional(s, self.conf_prev[:bs], self.conf[:bs])
 
     def planner_confidence(self, proposal: Proposal, model_confidence: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Per-token conditional confidence of each request's chosen chain, for a DSpark-style planner.
@@ -222,12 +226,7 @@ class HybridStep:
         with sync_guard(self._guard):
             ng = self._ng_conf[:bs, :g]
             ng.zero_()
-            surv = self.ngram_surv[:bs, :w]
-            prev = self._ng_prev[:bs, :w]
-            prev[:, :1].fill_(1.0)
-            prev[:, 1:].copy_(surv[:, :-1])
-            torch.div(surv, prev.clamp_(min=1e-12), out=ng[:, :w])
-            ng.clamp_(0.0, 1.0)
+            _conditional(self.ngram_surv[:bs, :w], self._ng_prev[:bs, :w], ng[:, :w])
             torch.lt(self._cols[:, :g], self._ngram_len[:bs].view(-1, 1), out=self._in_chain[:bs, :g])
             torch.where(self._in_chain[:bs, :g], ng, self._zero_f, out=ng)
             mc = self._model_conf[:bs, :g]

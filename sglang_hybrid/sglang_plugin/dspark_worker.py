@@ -153,8 +153,8 @@ class HybridDSparkWorker(DSparkWorkerV2):
         )
         w = chosen.tokens.shape[1]
         merged64 = self._merged_tokens[:bs, :g]
-        merged64.copy_(tokens)
         merged64[:, :w].copy_(chosen.tokens)
+        merged64[:, w:].copy_(tokens[:, w:])  # past the chains: DSpark's own drafts, confidence 0
         merged = merged64 if tokens.dtype == merged64.dtype else merged64.to(tokens.dtype)  # host-known dtype
         new_conf = None
         if conf is not None:
