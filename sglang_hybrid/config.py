@@ -23,6 +23,7 @@ _NOT_OPTIONS = {ENV_CONFIG_FILE, "SGLANG_HYBRID_RESOLVED_DRAFT_KIND", "SGLANG_HY
 
 MAX_DRAFT_LIMIT = 64  # longest n-gram chain (the lookup kernels' limit)
 DRAFT_KINDS = ("auto", "eagle", "eagle3", "standalone", "dspark")
+CORPUS_MODES = ("off", "shared", "tenant")  # isolation of the cross-request corpus
 
 
 class HybridConfigError(ValueError):
@@ -50,6 +51,8 @@ class HybridConfig:
     online_calibration: bool = True  # per-request recalibration of the n-gram estimates (calibration/online.py)
     online_strength: float = 2.0  # its prior strength, in units of its records (larger: trust the table longer)
     metrics_interval: int = 50  # decode steps between periodic log lines; 0 = never
+    corpus: str = "off"  # cross-request n-gram corpus (ngram/corpus.py): "off", "shared" or "tenant" (README)
+    corpus_entries: int = 1 << 21  # its table entries (a power of two); device memory 16 bytes per entry
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> HybridConfigError:
@@ -81,6 +84,10 @@ class HybridConfig:
             raise bad("online_strength", f"must be > 0, got {self.online_strength}")
         if self.metrics_interval < 0:
             raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
+        if self.corpus not in CORPUS_MODES:
+            raise bad("corpus", f"must be one of {CORPUS_MODES}, got {self.corpus!r}")
+        if self.corpus_entries < 8 or self.corpus_entries & (self.corpus_entries - 1):
+            raise bad("corpus_entries", f"must be a power of two >= 8, got {self.corpus_entries}")
         if self.calibration != "default" and not os.path.isfile(self.calibration):
             raise bad("calibration", f"file not found: {self.calibration}")
 

@@ -21,6 +21,7 @@ import torch
 
 from .calibration import CalibrationTable
 from .calibration.apply import DeviceCalibration
+from .calibration.candidates import make_step_corpus
 from .calibration.online import OnlineCalibration
 from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
@@ -98,6 +99,14 @@ class HybridStep:
         # Per-request recalibration of the table's estimates (None: the table alone).
         self.online = OnlineCalibration(num_slots, max_bs, L, self.device, cfg.online_strength) \
             if cfg.online_calibration else None
+        # The cross-request corpus (cfg.corpus != "off"): a second n-gram candidate per request, priced by its
+        # own calibration; the better of the two goes to the selection. ``slot_tenant``: each slot's tenant id
+        # (written at prefill; all 0 unless cfg.corpus == "tenant").
+        self.corpus, self.corpus_cand = make_step_corpus(
+            cfg.corpus, cfg.corpus_entries, num_slots=num_slots, max_bs=max_bs, width=L, device=self.device,
+            backend=kernel_backend, online=cfg.online_calibration, strength=cfg.online_strength)
+        self.slot_tenant = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
+        self._tenant = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         self.q = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
         self.ngram_surv = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
         self.model_surv = torch.zeros(max_bs, gamma, dtype=torch.float32, device=self.device)
@@ -133,12 +142,21 @@ class HybridStep:
 
     # ---- prefill (host-driven, off the decode path) ------------------------------------------------
     def on_prefill(self, slots: torch.Tensor, prompt: torch.Tensor, prompt_len: torch.Tensor,
-                   first_tokens: torch.Tensor) -> None:
-        """Start each slot's history with its prompt and the first sampled token."""
+                   first_tokens: torch.Tensor, tenant: Optional[torch.Tensor] = None) -> None:
+        """Start each slot's history with its prompt and the first sampled token.
+
+        ``tenant [bs]`` int32: each request's tenant id for the corpus (``cfg.corpus == "tenant"``; default 0)."""
         self.history.write_prompt(slots, prompt, prompt_len)
         self.stats.slot_stats.index_fill_(0, slots.to(torch.int64), 0)
         if self.online is not None:
             self.online.reset(slots)
+        if self.corpus is not None:
+            self.corpus_cand.reset(slots)
+            s = slots.to(torch.int64)
+            if tenant is None:
+                self.slot_tenant.index_fill_(0, s, 0)
+            else:
+                self.slot_tenant.index_copy_(0, s, tenant.to(device=self.device, dtype=torch.int32))
         ones = torch.ones_like(slots, dtype=torch.int32)
         self.history.append(slots, first_tokens.to(torch.int32).view(-1, 1), ones)
 
@@ -175,7 +193,14 @@ class HybridStep:
             self.calib_dev.apply(draft, model_tokens, q, ngram_surv)
             if self.online is not None:
                 self.online.apply(slots, draft.tokens, draft.length, q, ngram_surv)
-            ngram_len = draft.length
+            ngram_tokens, ngram_len = draft.tokens, draft.length
+            if self.corpus is not None:
+                ten = self._tenant[:bs]
+                torch.index_select(self.slot_tenant, 0, slots, out=ten)
+                cdraft = self.corpus.lookup(self.history, slots, ten)
+                _, csurv = self.corpus_cand.price(slots, cdraft)
+                ngram_tokens, ngram_len = self.corpus_cand.choose(draft.tokens, ngram_surv, draft.length, cdraft,
+                                                                  csurv)
             model_surv = self.model_surv[:bs]
             if self.cfg.enable_model and model_confidence is not None:
                 torch.clamp(model_confidence, 0.0, 1.0, out=model_surv)
@@ -192,7 +217,7 @@ class HybridStep:
             mt.copy_(model_tokens)
             out = self.sel.view(bs)
             select_chains(
-                mt, model_surv, draft.tokens, ngram_surv, ngram_len,
+                mt, model_surv, ngram_tokens, ngram_surv, ngram_len,
                 self._budget(bs), self.sps_dense, out,
                 num_iters=self.cfg.num_iters, max_verify_len=w, backend=self.kernel_backend,
             )
@@ -250,6 +275,11 @@ class HybridStep:
             self.history.append(slots, committed, accept_lens)
             if self.online is not None:
                 self.online.update(slots, committed, accept_lens)
+            if self.corpus is not None:
+                ten = self._tenant[: slots.shape[0]]
+                torch.index_select(self.slot_tenant, 0, slots, out=ten)
+                self.corpus.insert(self.history, slots, accept_lens, ten)
+                self.corpus_cand.update(slots, committed, accept_lens)
             vlen = proposal.verify_len if verified_len is None else verified_len
             self.stats.update(slots, vlen, proposal.choice, accept_lens)
         self._steps_host += 1

@@ -34,9 +34,25 @@ def write_prefill_history(hybrid: HybridStep, batch, next_token_ids: torch.Tenso
         prompt[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
     lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
     note_prefill(batch.reqs)
+    tenant = None
+    if hybrid.cfg.corpus == "tenant":
+        tenant = torch.tensor([tenant_id(r) for r in batch.reqs], dtype=torch.int32).to(device, non_blocking=True)
     hybrid.on_prefill(
         batch.req_pool_indices,
         prompt.to(device, non_blocking=True),
         lens.to(device, non_blocking=True),
         next_token_ids,
+        tenant,
     )
+
+
+def tenant_id(req) -> int:
+    """The corpus tenant of an SGLang ``Req``: what isolates its prefix cache, i.e. ``extra_key`` (SGLang appends
+    the LoRA id to it) and ``cache_salt``, hashed (CRC-32) to 31 bits; a request with neither is tenant 0."""
+    import zlib
+
+    key = getattr(req, "extra_key", None) or ""
+    salt = getattr(req, "cache_salt", None) or ""
+    if not key and not salt:
+        return 0
+    return zlib.crc32(f"{key}\x00{salt}".encode("utf-8")) & 0x7FFFFFFF

@@ -1,0 +1,114 @@
+"""Choosing between the two model-free candidates of a decode step: the request's own n-gram and the corpus.
+
+``HybridStep.propose`` (and the simulator's ``HybridPolicy``, which mirrors it) drafts two model-free chains per
+request: the per-request n-gram (``TokenHistory.lookup``, priced by the shipped table and the per-request online
+recalibration) and the cross-request corpus (``NgramCorpus.lookup``). ``CorpusCandidate`` prices the corpus's
+draft and keeps, per request, the candidate with the larger calibrated expected accepted length (the sum of its
+prefix survivals); the winner goes to the selection as *the* n-gram chain, priced against the model chain
+unchanged.
+
+Pricing the corpus draft: its prior is the corpus's own per-token estimate ``q = best / (total + alpha)``
+(frequency with a pseudo-count), recalibrated online by a second ``OnlineCalibration`` record of its own (the
+same odds-ratio correction, with the same tests, as the per-request n-gram's; here it learns how the corpus's
+frequency estimates fare against the target, per request and over the traffic). No constant is fitted to a
+workload: with no evidence the corpus's own q is used as is.
+
+Decode-step rules: ``price``, ``choose`` and ``update`` write only into buffers made at construction for the
+largest batch, never read the device and never branch on device data.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .online import DEFAULT_STRENGTH, OnlineCalibration
+
+__all__ = ["CorpusCandidate", "Q_ONE"]
+
+Q_ONE = 1 << 16  # the corpus's fixed point for q
+
+
+class CorpusCandidate:
+    """Buffers and online record for the corpus candidate of ``max_bs`` requests with chains of ``width`` tokens.
+
+    ``online``: recalibrate the corpus's q from verify outcomes (False: its q as is).
+    """
+
+    def __init__(self, num_slots: int, max_bs: int, width: int, device: torch.device | str, *,
+                 online: bool = True, strength: float = DEFAULT_STRENGTH) -> None:
+        dev = torch.device(device)
+        self.width = width
+        self.q = torch.zeros(max_bs, width, dtype=torch.float32, device=dev)
+        self.surv = torch.zeros(max_bs, width, dtype=torch.float32, device=dev)
+        self.tokens = torch.zeros(max_bs, width, dtype=torch.int32, device=dev)  # the chosen candidate
+        self.length = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+        self.pick = torch.zeros(max_bs, dtype=torch.bool, device=dev)  # True: the corpus won
+        self._e_own = torch.zeros(max_bs, dtype=torch.float32, device=dev)
+        self._e_corpus = torch.zeros(max_bs, dtype=torch.float32, device=dev)
+        self._scale = torch.tensor(1.0 / Q_ONE, dtype=torch.float32, device=dev)
+        self.online = OnlineCalibration(num_slots, max_bs, width, dev, strength) if online else None
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """At prefill: a new request's record starts empty."""
+        if self.online is not None:
+            self.online.reset(slots)
+
+    def price(self, slots: torch.Tensor, draft) -> tuple[torch.Tensor, torch.Tensor]:
+        """The corpus draft's calibrated ``(q, survival) [bs, width]`` (views of this object's buffers; 0 past
+        its length)."""
+        bs = draft.tokens.shape[0]
+        q, surv = self.q[:bs], self.surv[:bs]
+        torch.mul(draft.q, self._scale, out=q)
+        torch.cumprod(q, 1, out=surv)
+        if self.online is not None:
+            self.online.apply(slots, draft.tokens, draft.length, q, surv)
+        return q, surv
+
+    def choose(self, own_tokens: torch.Tensor, own_surv: torch.Tensor, own_len: torch.Tensor, draft,
+               corpus_surv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per request, the candidate with the larger expected accepted length (ties: the request's own).
+
+        ``own_surv`` is overwritten with the winner's survivals; returns ``(tokens, length)`` of the winner
+        (views of this object's buffers)."""
+        bs = own_tokens.shape[0]
+        e_own, e_cor, pick = self._e_own[:bs], self._e_corpus[:bs], self.pick[:bs]
+        torch.sum(own_surv, 1, out=e_own)
+        torch.sum(corpus_surv, 1, out=e_cor)
+        torch.gt(e_cor, e_own, out=pick)
+        col = pick.view(-1, 1)
+        torch.where(col, corpus_surv, own_surv, out=own_surv)
+        tok, length = self.tokens[:bs], self.length[:bs]
+        torch.where(col, draft.tokens, own_tokens, out=tok)
+        torch.where(pick, draft.length, own_len, out=length)
+        return tok, length
+
+    def update(self, slots: torch.Tensor, committed: torch.Tensor, counts: torch.Tensor) -> None:
+        """After verify: score this step's corpus drafts (chosen or not) against the committed tokens."""
+        if self.online is not None:
+            self.online.update(slots, committed, counts)
+
+
+def corpus_config(isolation: str, entries: int, insert_chunk: int):
+    """The ``CorpusConfig`` of a step (``None`` for ``"off"``): the insert buffers fit a whole verify."""
+    if isolation == "off":
+        return None
+    from ..ngram.corpus import CorpusConfig
+
+    return CorpusConfig(entries=entries, isolation=isolation, insert_chunk=max(CorpusConfig.insert_chunk,
+                                                                               int(insert_chunk)))
+
+
+def make_step_corpus(isolation: str, entries: int, *, num_slots: int, max_bs: int, width: int, device,
+                     backend: str = "auto", online: bool = True, strength: float = DEFAULT_STRENGTH
+                     ) -> tuple[Optional[object], Optional[CorpusCandidate]]:
+    """``(NgramCorpus, CorpusCandidate)`` for a step with n-gram chains of ``width`` tokens, or ``(None, None)``
+    with the corpus off. Shared by ``HybridStep`` and the simulator's ``HybridPolicy``."""
+    cfg = corpus_config(isolation, entries, width + 1)
+    if cfg is None:
+        return None, None
+    from ..ngram.corpus import NgramCorpus
+
+    corpus = NgramCorpus(cfg, device, backend=backend, max_batch_size=max_bs, max_draft=width)
+    return corpus, CorpusCandidate(num_slots, max_bs, width, device, online=online, strength=strength)

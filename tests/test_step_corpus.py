@@ -1,0 +1,130 @@
+"""HybridStep with the cross-request corpus: a request gets continuations an earlier request produced."""
+
+import pytest
+import torch
+
+from sglang_hybrid.config import HybridConfig, HybridConfigError
+from sglang_hybrid.step import HostSyncError, HybridStep, sync_guard
+
+GAMMA = 4
+PHRASE = list(range(200, 212))  # what an earlier request produced (three times)
+
+
+def _step(**cfg):
+    cfg.setdefault("corpus_entries", 1 << 12)
+    return HybridStep(HybridConfig(**cfg), num_slots=8, width=256, gamma=GAMMA, max_bs=4, device="cpu")
+
+
+def _prefill(step, slots, rows, tenant=None):
+    p = max(len(r) for r in rows)
+    prompt = torch.zeros(len(rows), p, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        prompt[i, : len(r)] = torch.tensor(r)
+    lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    first = torch.tensor([r[-1] for r in rows], dtype=torch.int32)
+    step.on_prefill(slots, prompt[:, :-1], lens - 1, first, tenant)
+
+
+def _earlier_request(step, slot=0, tenant=None):
+    """Request A on ``slot`` commits PHRASE three times (fresh tokens between), GAMMA + 1 tokens per step."""
+    slots = torch.tensor([slot])
+    _prefill(step, slots, [[1, 2, 3]], tenant)
+    out = []
+    for rep in range(3):
+        out += PHRASE + [300 + rep, 310 + rep]
+    model = torch.tensor([[90, 91, 92, 93]], dtype=torch.int32)
+    for i in range(0, len(out), GAMMA + 1):
+        chunk = out[i: i + GAMMA + 1]
+        committed = torch.zeros(1, GAMMA + 1, dtype=torch.int32)
+        committed[0, : len(chunk)] = torch.tensor(chunk)
+        prop = step.propose(slots, model)
+        step.record(slots, prop, committed, torch.tensor([len(chunk)], dtype=torch.int32))
+
+
+def _later_request(step, slot=5, tenant=None):
+    """Request B on another slot: a fresh prompt ending with PHRASE[:6]; its own history never continues it."""
+    slots = torch.tensor([slot])
+    _prefill(step, slots, [[400, 401, 402, 403] + PHRASE[:6]], tenant)
+    model = torch.tensor([[90, 91, 92, 93]], dtype=torch.int32)
+    return step.propose(slots, model)
+
+
+def test_a_later_request_gets_the_earlier_requests_continuation_from_the_corpus():
+    step = _step(corpus="shared", model_prior=0.3)
+    _earlier_request(step)
+    prop = _later_request(step)
+    assert int(step.corpus_cand.pick[0]) == 1  # the corpus candidate beat the (empty) own-history one
+    assert prop.choice.tolist() == [1]  # and the selection took it over the model chain
+    n = int(prop.verify_len[0])
+    assert n >= 2
+    assert prop.tokens[0, :n].tolist() == PHRASE[6: 6 + n]
+
+
+def test_without_the_corpus_the_later_request_gets_no_ngram_chain():
+    step = _step(corpus="off", model_prior=0.3)
+    assert step.corpus is None
+    _earlier_request(step)
+    prop = _later_request(step)
+    assert prop.choice.tolist() == [0]
+    assert prop.tokens[0, :GAMMA].tolist() == [90, 91, 92, 93]
+
+
+def test_tenant_isolation_keeps_one_tenants_text_from_another():
+    t1, t2 = torch.tensor([7], dtype=torch.int32), torch.tensor([9], dtype=torch.int32)
+    other = _step(corpus="tenant", model_prior=0.3)
+    _earlier_request(other, tenant=t1)
+    assert _later_request(other, tenant=t2).choice.tolist() == [0]
+    same = _step(corpus="tenant", model_prior=0.3)
+    _earlier_request(same, tenant=t1)
+    assert _later_request(same, tenant=t1).choice.tolist() == [1]
+
+
+def test_an_empty_corpus_changes_nothing_bit_for_bit():
+    """Until the corpus has learnt something the step equals the corpus-off step exactly (the same chains,
+    lengths, survivals and selection); and 'off' builds no corpus at all (the pre-corpus code path)."""
+    torch.manual_seed(0)
+    a, b = _step(corpus="off"), _step(corpus="shared")
+    slots = torch.tensor([0, 1, 2])
+    rows = [list(range(10, 40)) + list(range(10, 16)), list(range(50, 70)) * 2, list(range(90, 99))]
+    _prefill(a, slots, rows)
+    _prefill(b, slots, rows)
+    model = torch.randint(3, 100, (3, GAMMA), dtype=torch.int32)
+    conf = torch.rand(3, GAMMA)
+    pa, pb = a.propose(slots, model, model_confidence=conf), b.propose(slots, model, model_confidence=conf)
+    for f in ("tokens", "verify_len", "choice", "survival"):
+        assert torch.equal(getattr(pa, f), getattr(pb, f)), f
+    assert torch.equal(a.ngram_surv, b.ngram_surv) and torch.equal(a._ngram_len, b._ngram_len)
+
+
+def test_propose_and_record_with_the_corpus_make_no_host_sync(monkeypatch):
+    monkeypatch.setenv("SGLANG_HYBRID_SYNC_GUARD", "1")
+    step = _step(corpus="shared")
+    slots = torch.tensor([0, 1])
+    _prefill(step, slots, [[1, 2, 3, 1, 2], [4, 5, 6, 4, 5]])
+    for _ in range(2):
+        prop = step.propose(slots, torch.zeros(2, GAMMA, dtype=torch.int32))
+        step.record(slots, prop, torch.arange(2 * (GAMMA + 1), dtype=torch.int32).view(2, -1),
+                    torch.tensor([3, 1], dtype=torch.int32))
+    with pytest.raises(HostSyncError):
+        with sync_guard(True):
+            torch.ones(1).item()
+
+
+def test_corpus_options_are_validated_and_read_from_the_environment():
+    with pytest.raises(HybridConfigError, match="corpus"):
+        HybridConfig(corpus="global").validate()
+    with pytest.raises(HybridConfigError, match="corpus_entries"):
+        HybridConfig(corpus_entries=1000).validate()
+    cfg = HybridConfig.from_env({"SGLANG_HYBRID_CORPUS": "tenant", "SGLANG_HYBRID_CORPUS_ENTRIES": "4096"})
+    assert (cfg.corpus, cfg.corpus_entries) == ("tenant", 4096)
+
+
+def test_tenant_id_is_the_prefix_cache_key():
+    from types import SimpleNamespace
+
+    from sglang_hybrid.sglang_plugin.common import tenant_id
+
+    assert tenant_id(SimpleNamespace(extra_key=None, cache_salt=None)) == 0
+    a = tenant_id(SimpleNamespace(extra_key="acme", cache_salt=None))
+    assert a == tenant_id(SimpleNamespace(extra_key="acme", cache_salt=""))
+    assert a != tenant_id(SimpleNamespace(extra_key="other", cache_salt=None)) and 0 < a < 2**31
