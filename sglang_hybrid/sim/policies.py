@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..calibration.candidates import make_step_corpus
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
@@ -141,7 +142,7 @@ class HybridPolicy:
                  max_draft: int = 7, window: int = 0, num_iters: int = 2, enable_ngram: bool = True,
                  max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None,
                  online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
-                 two_branch: bool = False) -> None:
+                 two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -165,15 +166,25 @@ class HybridPolicy:
         # Per-request recalibration (the simulator's slots are 0..max_bs-1), as HybridStep runs it.
         self.online = OnlineCalibration(max_bs, max_bs, max_draft, "cpu", online_strength) if online_calibration \
             else None
+        # The cross-request corpus, as HybridStep builds it (shared: the simulator has one tenant).
+        self.corpus, self.corpus_cand = make_step_corpus(
+            corpus, corpus_entries, num_slots=max_bs, max_bs=max_bs, width=max_draft, device="cpu",
+            backend="torch", online=online_calibration, strength=online_strength)
+        self._history: Optional[TokenHistory] = None
 
     def on_prefill(self, slots: torch.Tensor) -> None:
         if self.online is not None:
             self.online.reset(slots)
+        if self.corpus is not None:
+            self.corpus_cand.reset(slots)
 
     def record(self, inp: StepInput, out: StepOutput, committed: torch.Tensor, counts: torch.Tensor) -> None:
         """After verify: ``committed[b, :counts[b]]`` are the tokens the target produced (as HybridStep.record)."""
         if self.online is not None:
             self.online.update(inp.slots, committed, counts)
+        if self.corpus is not None:  # every request's committed tokens, after the history append (as HybridStep)
+            self.corpus.insert(self._history, inp.slots, counts)
+            self.corpus_cand.update(inp.slots, committed, counts)
 
     def step(self, inp: StepInput, history: TokenHistory) -> StepOutput:
         bs = inp.slots.shape[0]
@@ -182,22 +193,28 @@ class HybridPolicy:
         self.calib.apply(d, inp.model_tokens, q, surv)
         if self.online is not None:
             self.online.apply(inp.slots, d.tokens, d.length, q, surv)
-        nlen = d.length if self.enable_ngram else torch.zeros_like(d.length)
+        ntok, nlen = d.tokens, d.length
+        if self.corpus is not None:  # the better of the own-history and corpus candidates (HybridStep.propose)
+            self._history = history
+            cd = self.corpus.lookup(history, inp.slots)
+            _, csurv = self.corpus_cand.price(inp.slots, cd)
+            ntok, nlen = self.corpus_cand.choose(d.tokens, surv, d.length, cd, csurv)
+        nlen = nlen if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)
         out = self.sel.view(bs)
         if self.fixed_window is None:
-            select_chains(inp.model_tokens, model_surv, d.tokens, surv, nlen, None, self.sps, out,
+            select_chains(inp.model_tokens, model_surv, ntok, surv, nlen, None, self.sps, out,
                           num_iters=self.num_iters, max_verify_len=self.max_verify_len)
         else:
             self._budget.fill_(bs * self.fixed_window)
-            select_chains(inp.model_tokens, model_surv, d.tokens, surv, nlen, self._budget, None, out,
+            select_chains(inp.model_tokens, model_surv, ntok, surv, nlen, self._budget, None, out,
                           num_iters=self.num_iters, max_verify_len=self.max_verify_len)
         if self.two_branch:
-            tb = select_two_branch(inp.model_tokens, model_surv, d.tokens, surv, nlen, out.choice, out.verify_len,
+            tb = select_two_branch(inp.model_tokens, model_surv, ntok, surv, nlen, out.choice, out.verify_len,
                                    self.sps, max_verify_len=self.max_verify_len)
             batch = bs + int((tb.model_len + tb.ngram_len).sum())
-            return StepOutput(inp.model_tokens, tb.model_len, batch, tb.ngram_len > 0, d.tokens, nlen, surv,
-                              second_tokens=d.tokens, second_len=tb.ngram_len)
+            return StepOutput(inp.model_tokens, tb.model_len, batch, tb.ngram_len > 0, ntok, nlen, surv,
+                              second_tokens=ntok, second_len=tb.ngram_len)
         vl = out.verify_len.to(torch.int64)
         batch = bs + int(vl.sum()) if self.fixed_window is None else bs * (1 + self.fixed_window)
-        return StepOutput(out.tokens, vl, batch, out.choice == 1, d.tokens, nlen, surv)
+        return StepOutput(out.tokens, vl, batch, out.choice == 1, ntok, nlen, surv)

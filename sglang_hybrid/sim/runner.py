@@ -46,6 +46,8 @@ class SimOptions:
     enable_ngram: bool = True
     online_calibration: bool = HybridConfig.online_calibration  # per-request recalibration (calibration/online.py)
     online_strength: float = HybridConfig.online_strength
+    corpus: str = HybridConfig.corpus  # hybrid: the cross-request corpus, "off" or "shared" (one tenant here)
+    corpus_entries: int = HybridConfig.corpus_entries
     two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
     calibration: Optional[str] = None  # None = the shipped table
@@ -75,6 +77,8 @@ class SimOptions:
             raise ValueError("two_branch: needs hybrid_verify 'ragged'")
         if not self.online_strength > 0:
             raise ValueError(f"online_strength: must be > 0, got {self.online_strength}")
+        if self.corpus not in ("off", "shared"):
+            raise ValueError(f"corpus: choose from ('off', 'shared'), got {self.corpus!r}")
         if self.max_draft is not None and not (1 <= self.max_draft <= 16):
             raise ValueError(f"max_draft: must be in [1, 16], got {self.max_draft}")
 
@@ -169,7 +173,7 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
                             max_verify_len=opts.gamma if L <= opts.gamma else 0,
                             fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None,
                             online_calibration=opts.online_calibration, online_strength=opts.online_strength,
-                            two_branch=opts.two_branch)
+                            two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 
 
