@@ -128,3 +128,57 @@ def test_tenant_id_is_the_prefix_cache_key():
     a = tenant_id(SimpleNamespace(extra_key="acme", cache_salt=None))
     assert a == tenant_id(SimpleNamespace(extra_key="acme", cache_salt=""))
     assert a != tenant_id(SimpleNamespace(extra_key="other", cache_salt=None)) and 0 < a < 2**31
+
+
+def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch):
+    """As tests/test_step.py's allocation test, with the corpus on (its Triton lookup and insert under the
+    interpreter, tagged like the other kernels): no tensor is allocated outside a kernel launch."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from sglang_hybrid import step as step_mod
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py before triton is imported)")
+    monkeypatch.setenv("SGLANG_HYBRID_SYNC_GUARD", "1")
+    s = HybridStep(HybridConfig(corpus="shared", corpus_entries=1 << 10), num_slots=8, width=128, gamma=GAMMA,
+                   max_bs=4, device="cpu", verify_window=8, kernel_backend="triton")
+
+    def tagged(fn):
+        def run(*a, **k):
+            with record_function("hybrid_kernel"):
+                return fn(*a, **k)
+        return run
+
+    s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
+    s.corpus._lookup, s.corpus._insert = tagged(s.corpus._lookup), tagged(s.corpus._insert)
+    s.calib_dev._fn = tagged(s.calib_dev._fn)
+    monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
+    slots = torch.tensor([0, 1, 2])
+    _prefill(s, slots, [list(range(10, 40)) + list(range(10, 14)), list(range(50, 80)), list(range(90, 99)) * 3])
+    model = torch.randint(3, 100, (3, GAMMA), dtype=torch.int32)
+    conf = torch.rand(3, GAMMA)
+    committed = torch.randint(3, 100, (3, 9), dtype=torch.int32)
+    accept = torch.tensor([3, 1, 5], dtype=torch.int32)
+
+    def one_step():
+        p = s.propose(slots, model, model_confidence=conf)
+        s.record(slots, p, committed, accept)
+
+    one_step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        one_step()
+
+    def in_kernel(e):
+        while e is not None:
+            if e.name == "hybrid_kernel":
+                return True
+            e = e.cpu_parent
+        return False
+
+    events = list(prof.events())
+    assert sum(e.name == "hybrid_kernel" for e in events) == 6  # lookup, corpus lookup, calibration, selection,
+    # append, corpus insert
+    outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
+    assert outside == [], outside

@@ -60,7 +60,8 @@ class CorpusCandidate:
         its length)."""
         bs = draft.tokens.shape[0]
         q, surv = self.q[:bs], self.surv[:bs]
-        torch.mul(draft.q, self._scale, out=q)
+        q.copy_(draft.q)  # int32 -> float32 in place (a mixed-dtype mul would allocate a float copy)
+        q.mul_(self._scale)
         torch.cumprod(q, 1, out=surv)
         if self.online is not None:
             self.online.apply(slots, draft.tokens, draft.length, q, surv)
