@@ -279,7 +279,7 @@ class HybridStep:
                 ten = self._tenant[: slots.shape[0]]
                 torch.index_select(self.slot_tenant, 0, slots, out=ten)
                 self.corpus.insert(self.history, slots, accept_lens, ten)
-                self.corpus_cand.update(slots, committed, accept_lens)
+                self.corpus_cand.update(slots, committed, accept_lens, proposal.choice)
             vlen = proposal.verify_len if verified_len is None else verified_len
             self.stats.update(slots, vlen, proposal.choice, accept_lens)
         self._steps_host += 1
@@ -294,6 +294,9 @@ class HybridStep:
         m["active_window_tokens"] = self.active_window + 1  # the last step's window, root included
         m["window_switches"] = self.window_switches
         m["narrow_window_steps"] = self.narrow_steps
+        if self.corpus is not None:
+            m.update(self.corpus_cand.counts())
+            m["corpus_entries"] = self.corpus.cfg.entries
         return m
 
     def request_metrics(self, slot: int) -> dict:

@@ -58,6 +58,13 @@ def test_a_later_request_gets_the_earlier_requests_continuation_from_the_corpus(
     n = int(prop.verify_len[0])
     assert n >= 2
     assert prop.tokens[0, :n].tolist() == PHRASE[6: 6 + n]
+    committed = torch.zeros(1, GAMMA + 1, dtype=torch.int32)
+    committed[0, :3] = torch.tensor(PHRASE[6:8] + [999])  # two drafts accepted, then the bonus token
+    before = step.metrics()
+    step.record(torch.tensor([5]), prop, committed, torch.tensor([3], dtype=torch.int32))
+    m = step.metrics()
+    assert (m["corpus_chosen"] - before["corpus_chosen"], m["accepted_corpus"] - before["accepted_corpus"]) == (1, 2)
+    assert m["corpus_entries"] == 1 << 12
 
 
 def test_without_the_corpus_the_later_request_gets_no_ngram_chain():
