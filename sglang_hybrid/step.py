@@ -1,8 +1,9 @@
 """One Hybrid Spark decode step on tensors: n-gram lookup, calibration, price-based selection, bookkeeping.
 
 This is the SGLang-independent core the worker calls (``sglang_plugin/worker.py``); it owns the device state:
-the token-history table, the calibration table, the selection buffers, the online estimate of the model
-chain's per-position acceptance, and the device counters behind the metrics.
+the token-history table, the cross-request n-gram corpus (when ``cfg.corpus`` is on), the calibration table,
+the selection buffers, the online estimate of the model chain's per-position acceptance, and the device
+counters behind the metrics.
 
 Decode-step rules (what keeps SGLang's overlap scheduler and CUDA graphs working): ``propose`` and ``record``
 never read a device tensor back to the host, never branch on device data, and write into buffers allocated
@@ -200,7 +201,7 @@ class HybridStep:
                 cdraft = self.corpus.lookup(self.history, slots, ten)
                 _, csurv = self.corpus_cand.price(slots, cdraft)
                 ngram_tokens, ngram_len = self.corpus_cand.choose(draft.tokens, ngram_surv, draft.length, cdraft,
-                                                                  csurv)
+                                                                  csurv, limit=w)
             model_surv = self.model_surv[:bs]
             if self.cfg.enable_model and model_confidence is not None:
                 torch.clamp(model_confidence, 0.0, 1.0, out=model_surv)

@@ -77,15 +77,17 @@ class CorpusCandidate:
         return q, surv
 
     def choose(self, own_tokens: torch.Tensor, own_surv: torch.Tensor, own_len: torch.Tensor, draft,
-               corpus_surv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per request, the candidate with the larger expected accepted length (ties: the request's own).
+               corpus_surv: torch.Tensor, limit: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per request, the candidate with the larger expected accepted length (ties: the request's own),
+        counting only the first ``limit`` tokens (a host int: the tokens this step can verify; default all).
 
         ``own_surv`` is overwritten with the winner's survivals; returns ``(tokens, length)`` of the winner
         (views of this object's buffers)."""
         bs = own_tokens.shape[0]
+        w = own_surv.shape[1] if limit is None else max(1, min(int(limit), own_surv.shape[1]))
         e_own, e_cor, pick = self._e_own[:bs], self._e_corpus[:bs], self.pick[:bs]
-        torch.sum(own_surv, 1, out=e_own)
-        torch.sum(corpus_surv, 1, out=e_cor)
+        torch.sum(own_surv[:, :w], 1, out=e_own)
+        torch.sum(corpus_surv[:, :w], 1, out=e_cor)
         torch.gt(e_cor, e_own, out=pick)
         col = pick.view(-1, 1)
         torch.where(col, corpus_surv, own_surv, out=own_surv)
