@@ -48,6 +48,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--verify-mode", choices=VERIFY_MODES, default="static",
                    help="DSpark drafts only: SGLang's SGLANG_RAGGED_VERIFY_MODE")
     p.add_argument("--max-draft", type=int, default=0, help="HYBRID_SPARK option max_draft (0 = fill the window)")
+    p.add_argument("--corpus", choices=["off", "shared", "tenant"], default="off",
+                   help="HYBRID_SPARK option corpus: the cross-request n-gram corpus (with a 64Ki-entry table)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="send the prompts this many times, one batch after another, to the same speculative engine "
+                        "(later rounds can draft from what the cross-request corpus learnt; every round is compared)")
     args = p.parse_args(argv)
     if args.max_new_tokens < 1:
         p.error("--max-new-tokens must be >= 1")
@@ -60,6 +65,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--verify-mode applies to a DSpark draft only")
     if args.max_draft < 0:
         p.error("--max-draft must be >= 0")
+    if args.corpus != "off" and args.algorithm != "HYBRID_SPARK":
+        p.error("--corpus applies to HYBRID_SPARK only")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     return args
 
 
@@ -67,7 +76,10 @@ def spec_config(args: argparse.Namespace):
     """The engine configuration of the speculative run (registered with the harness)."""
     from engine_harness import DSPARK_SPS_TABLE, EngineConfig, register_config
 
-    env = [("SGLANG_HYBRID_MAX_DRAFT", str(args.max_draft))] if args.algorithm == "HYBRID_SPARK" else []
+    env = []
+    if args.algorithm == "HYBRID_SPARK":
+        env = [("SGLANG_HYBRID_MAX_DRAFT", str(args.max_draft)), ("SGLANG_HYBRID_SYNC_GUARD", "1"),
+               ("SGLANG_HYBRID_CORPUS", args.corpus), ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 16))]
     kwargs = []
     if args.draft == "dspark":
         kwargs = [("speculative_num_steps", None), ("speculative_eagle_topk", None),
@@ -75,7 +87,7 @@ def spec_config(args: argparse.Namespace):
         if args.verify_mode != "static":
             kwargs.append(("speculative_dspark_sps_table_path", DSPARK_SPS_TABLE))
         env += [("SGLANG_RAGGED_VERIFY_MODE", args.verify_mode), ("SGLANG_DSPARK_DEBUG_DUMP", "core")]
-    name = f"smoke_{args.algorithm.lower()}_{args.draft}_{args.verify_mode}_{args.max_draft}"
+    name = f"smoke_{args.algorithm.lower()}_{args.draft}_{args.verify_mode}_{args.max_draft}_{args.corpus}"
     return register_config(EngineConfig(name, algorithm=args.algorithm, draft=args.draft,
                                         engine_kwargs=tuple(kwargs), env=tuple(env)))
 
@@ -92,6 +104,9 @@ def step_figures(state: Dict[str, Any]) -> Dict[str, Any]:
         out["max_request_verify_len"] = hy.get("max_verified_drafts_in_step")
         out["max_request_accepted"] = hy.get("max_accepted_drafts_in_step")
         out["ngram_step_share"] = hy.get("ngram_win_rate")
+        if "corpus_chosen" in hy:  # the cross-request corpus is on (SGLANG_HYBRID_CORPUS)
+            out["corpus_chosen"] = hy.get("corpus_chosen")
+            out["accepted_corpus"] = hy.get("accepted_corpus")
     return out
 
 
@@ -153,16 +168,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         plain = pool.get("plain").generate(input_ids, sp)
         engine = pool.get(spec_name)
-        spec = engine.generate(input_ids, sp)
+        spec = []
+        for _ in range(args.rounds):
+            spec += engine.generate(input_ids, sp)
         state = engine.server_info()["internal_states"][0]
     finally:
         pool.close()
     rows = []
-    for i, (ids, a, b) in enumerate(zip(input_ids, plain, spec)):
+    n = len(input_ids)
+    for i, b in enumerate(spec):
+        ids, a = input_ids[i % n], plain[i % n]
         meta = b["meta_info"]
         fields = hybrid_fields(meta)
         row = {
-            "index": i,
+            "index": i % n,
+            "round": i // n,
             "prompt_tokens": len(ids),
             "identical": a["output_ids"] == b["output_ids"],
             "accept_length": meta.get("spec_accept_length"),

@@ -41,6 +41,8 @@ def test_dspark_runs_resolve_their_draft_mode_and_table():
     ["--algorithm", "EAGLE3", "--draft", "dspark"],
     ["--algorithm", "HYBRID_SPARK", "--verify-mode", "compact"],  # a stand-alone draft has no verify modes
     ["--algorithm", "HYBRID_SPARK", "--max-draft", "-1"],
+    ["--algorithm", "EAGLE3", "--corpus", "shared"],  # the corpus is a HYBRID_SPARK option
+    ["--algorithm", "HYBRID_SPARK", "--rounds", "0"],
 ])
 def test_bad_combinations_are_refused(argv):
     with pytest.raises(SystemExit) as e:
@@ -56,3 +58,16 @@ def test_step_figures_read_dsparks_dump_and_the_hybrid_metrics():
     assert m.step_figures(state) == {"max_step_verify_tokens": 14, "max_request_verify_len": 7,
                                      "max_request_accepted": 6, "ngram_step_share": 0.25}
     assert m.step_figures({}) == {}
+    hy = dict(state["hybrid_spark"], corpus_chosen=3, accepted_corpus=5)
+    assert m.step_figures({"hybrid_spark": hy})["corpus_chosen"] == 3
+
+
+def test_corpus_runs_get_their_own_engine_and_the_sync_guard():
+    m = _mod()
+    a = m.parse_args(["--prompts", "p.jsonl", "--algorithm", "HYBRID_SPARK", "--corpus", "shared", "--rounds", "2"])
+    assert a.rounds == 2
+    cfg = m.spec_config(a)
+    env = dict(cfg.env)
+    assert env["SGLANG_HYBRID_CORPUS"] == "shared" and env["SGLANG_HYBRID_SYNC_GUARD"] == "1"
+    off = m.spec_config(m.parse_args(["--prompts", "p.jsonl", "--algorithm", "HYBRID_SPARK"]))
+    assert off.name != cfg.name and dict(off.env)["SGLANG_HYBRID_CORPUS"] == "off"

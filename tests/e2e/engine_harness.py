@@ -196,7 +196,10 @@ _register_dspark("hybrid_dspark_compact_no_ngram", "HYBRID_SPARK", "compact",
 _register_dspark("hybrid_dspark_static", "HYBRID_SPARK", "static", env=(_GUARD,),
                  kwargs=(("chunked_prefill_size", 16),))
 _register_dspark("hybrid_dspark_cap", "HYBRID_SPARK", "cap-accept", env=(_GUARD,))
-_register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact", env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7")))
+# compact also runs the cross-request corpus (shared, a 64Ki-entry table): the lossless suite covers it there.
+_register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact",
+                 env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
+                      ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 16))))
 
 LOSSLESS_SPEC_CONFIGS: List[str] = [
     "standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3", "hybrid_spark_wide",

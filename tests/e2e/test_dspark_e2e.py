@@ -14,6 +14,8 @@ module adds what is particular to DSpark:
 - on prompts whose outputs repeat long spans, the n-gram chain is chosen and one step accepts more drafts than
   the DSpark block holds (gamma = 3, window 8), read from the metrics; ``max_new_tokens`` reached inside such a
   chain cuts the output exactly;
+- with the cross-request corpus on (``hybrid_dspark_compact`` runs it shared), a request sent again is drafted
+  from what the corpus learnt of the first one's output, and stays lossless;
 - radix-cache prefix reuse and request-slot reuse stay lossless;
 - the overlap scheduler is on.
 
@@ -118,3 +120,21 @@ def test_max_new_tokens_inside_an_accepted_ngram_chain(engine_pool, prompts, hf_
     sps = [_greedy(max_new) for _ in rows]
     outputs = engine.generate(prompts_cut, sps)
     check_greedy(outputs, refs, sps)
+
+
+def test_corpus_drafts_a_request_from_an_earlier_ones_output(engine_pool, prompts, hf_reference):
+    """The corpus (shared on this engine) learns each request's output; the same prompts sent again, on requests
+    whose own history holds no repeat, get corpus chains, accept more per step, and stay lossless."""
+    repeating = set(_repeating_rows(prompts, hf_reference))
+    rows = [i for i in range(len(prompts)) if i not in repeating][:4]
+    engine = engine_pool.get("hybrid_dspark_compact")
+    sps = [_greedy(MAX_NEW) for _ in rows]
+    first = engine.generate([prompts[i] for i in rows], sps)
+    check_greedy(first, [hf_reference[i] for i in rows], sps)
+    before = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    second = engine.generate([prompts[i] for i in rows], sps)
+    check_greedy(second, [hf_reference[i] for i in rows], sps)
+    after = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    assert after["corpus_chosen"] > before["corpus_chosen"] and after["accepted_corpus"] > before["accepted_corpus"]
+    steps = [sum(o["meta_info"]["spec_verify_ct"] for o in out) for out in (first, second)]
+    assert steps[1] < steps[0], f"the second round should take fewer verify steps: {steps}"
