@@ -43,8 +43,8 @@ def test_hybrid_not_below_ngram_on_chat(results):
     assert p["hybrid"]["throughput"] >= p["ngram"]["throughput"] * (1 - NOISE)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 goal not met: at batch 4 NGRAM's 12-token window beats the "
-                                       "hybrid on code edits (README, issue-12 section)")
 def test_hybrid_not_below_ngram_on_code_edits_at_batch_4(results):
+    """The hybrid's default n-gram chain under the ragged verify is 16 tokens: at batch 4, where verify is nearly
+    free, it verifies longer copies than NGRAM's 12-token window (and still pays the model drafter)."""
     p = results["code-edit"]
     assert p["hybrid"]["throughput"] >= p["ngram"]["throughput"] * (1 - NOISE)

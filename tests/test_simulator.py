@@ -99,8 +99,9 @@ def _ngram_lookup(h: list[int], n_min: int, n_max: int, max_draft: int) -> list[
     return h[best_e + 1: min(best_e + 1 + max_draft, T)]
 
 
-def test_ngram_policy_equals_bruteforce_replay(short_code, tok):
-    opts = SimOptions(batch_size=3, policies=("ngram",), measure="all")
+@pytest.mark.parametrize("width", [12, 17])  # 17: a 16-token chain accepted whole commits 17 tokens (its bonus too)
+def test_ngram_policy_equals_bruteforce_replay(short_code, tok, width):
+    opts = SimOptions(batch_size=3, policies=("ngram",), measure="all", ngram_width=width)
     res = simulate(short_code, opts)["policies"]["ngram"]
     width = opts.ngram_width
     steps = produced = verified = accepted = 0

@@ -19,6 +19,7 @@ from .trace import ModelDraws, load_trace
 
 POLICIES = ("dspark", "ngram", "hybrid")
 DEFAULT_DRAFT_COST_FRAC = 0.15
+RAGGED_MAX_DRAFT = 16  # the simulator's default hybrid n-gram chain under the ragged verify (SimOptions)
 DEFAULT_NGRAM_WIDTH = 12  # SGLang NGRAM's default --speculative-num-draft-tokens
 
 
@@ -40,7 +41,7 @@ class SimOptions:
     trace: Optional[str] = None
     n_min: int = HybridConfig.n_min
     n_max: int = HybridConfig.n_max
-    max_draft: Optional[int] = None  # hybrid n-gram chain length; None = gamma (HybridConfig's default window)
+    max_draft: Optional[int] = None  # hybrid n-gram chain length; None = RAGGED_MAX_DRAFT (ragged) / gamma (fixed)
     window: int = HybridConfig.window
     num_iters: int = HybridConfig.num_iters
     enable_ngram: bool = True
@@ -84,8 +85,14 @@ class SimOptions:
 
     @property
     def hybrid_max_draft(self) -> int:
+        """The hybrid's n-gram chain length. Default: with the ragged (DSpark-style) verify, ``RAGGED_MAX_DRAFT``
+        (the worker's ``max_draft=16``): a step verifies only the chosen lengths, so the price cuts long chains
+        where verify is dear and takes them where it is cheap; with the fixed window (the EAGLE-family worker)
+        every request pays the whole window, so the default is that worker's, ``gamma``."""
         if self.max_draft is not None:
             return self.max_draft
+        if self.hybrid_verify == "ragged":
+            return max(RAGGED_MAX_DRAFT, self.gamma)
         return min(HybridConfig.max_draft, self.gamma) if HybridConfig.max_draft else self.gamma
 
 

@@ -140,7 +140,9 @@ def run_policy(
                          f"(got {len(requests)}); use measure 'all' or more requests")
     if draft_cost_frac < 0:
         raise ValueError(f"draft_cost_frac: must be >= 0, got {draft_cost_frac}")
-    look = max(lookahead, gamma)
+    # Reference columns a step can read: the longest chain plus its bonus token (a chain of ``lookahead`` tokens
+    # accepted whole commits ``lookahead + 1``).
+    look = max(lookahead, gamma) + 1
     width = max(len(r.prompt) + len(r.output) for r in requests) + 1
     width = (width + 63) // 64 * 64
     draft_cols = max(look, 16)
@@ -192,8 +194,8 @@ def run_policy(
         vl = out.verify_len.numpy().astype(np.int64)
         chain = out.tokens.numpy().astype(np.int64)
         c = chain.shape[1]
-        if c > look:
-            raise ValueError(f"policy chain width {c} exceeds the simulator lookahead {look}")
+        if c + 1 > look:
+            raise ValueError(f"policy chain width {c} exceeds the simulator lookahead {look - 1}")
         match = (chain == ref[:, :c]) & (np.arange(c)[None, :] < vl[:, None])
         accepted = np.where(match.all(axis=1), c, np.argmin(match, axis=1))
         if out.second_len is not None:  # two-branch verify: the longer accepted branch is kept
