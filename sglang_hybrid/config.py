@@ -50,6 +50,8 @@ class HybridConfig:
     model_ema: float = 0.05  # online refit rate of the model chain's per-position acceptance
     online_calibration: bool = True  # per-request recalibration of the n-gram estimates (calibration/online.py)
     online_strength: float = 2.0  # its prior strength, in units of its records (larger: trust the table longer)
+    online_defer: int = 8  # drafts scored against the history as it arrives, open up to this many steps; 0 =
+    # against their own step's commit only (calibration/deferred.py)
     metrics_interval: int = 50  # decode steps between periodic log lines; 0 = never
     corpus: str = "off"  # cross-request n-gram corpus (ngram/corpus.py): "off", "shared" or "tenant" (README)
     corpus_entries: int = 1 << 21  # its table entries (a power of two); device memory 16 bytes per entry
@@ -82,6 +84,8 @@ class HybridConfig:
             raise bad("model_ema", f"must be in [0, 1], got {self.model_ema}")
         if not (self.online_strength > 0):
             raise bad("online_strength", f"must be > 0, got {self.online_strength}")
+        if self.online_defer < 0:
+            raise bad("online_defer", f"must be >= 0 (0 = score against the step's commit), got {self.online_defer}")
         if self.metrics_interval < 0:
             raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
         if self.corpus not in CORPUS_MODES:

@@ -98,8 +98,9 @@ class HybridStep:
         self.calib_dev = DeviceCalibration(self.calibration, self.device, backend=kernel_backend)
         L = self.ngram_cfg.max_draft
         # Per-request recalibration of the table's estimates (None: the table alone).
-        self.online = OnlineCalibration(num_slots, max_bs, L, self.device, cfg.online_strength) \
-            if cfg.online_calibration else None
+        self.online = OnlineCalibration(num_slots, max_bs, L, self.device, cfg.online_strength,
+                                        defer=cfg.online_defer) if cfg.online_calibration else None
+        self._hist_start = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         # The cross-request corpus (cfg.corpus != "off"): a second n-gram candidate per request, priced by its
         # own calibration; the better of the two goes to the selection. ``slot_tenant``: each slot's tenant id
         # (written at prefill; all 0 unless cfg.corpus == "tenant").
@@ -193,7 +194,9 @@ class HybridStep:
             q, ngram_surv = self.q[:bs], self.ngram_surv[:bs]
             self.calib_dev.apply(draft, model_tokens, q, ngram_surv)
             if self.online is not None:
-                self.online.apply(slots, draft.tokens, draft.length, q, ngram_surv)
+                start = self._hist_start[:bs]
+                torch.index_select(self.history.lens, 0, slots, out=start)  # where draft token 0 will land
+                self.online.apply(slots, draft.tokens, draft.length, q, ngram_surv, start=start)
             ngram_tokens, ngram_len = draft.tokens, draft.length
             if self.corpus is not None:
                 ten = self._tenant[:bs]
@@ -274,7 +277,9 @@ class HybridStep:
             if committed.dtype != torch.int32:  # host-known dtype; SGLang's verify already yields int32
                 committed = committed.to(torch.int32)
             self.history.append(slots, committed, accept_lens)
-            if self.online is not None:
+            if self.online is not None and self.online.deferred is not None:
+                self.online.update_from_history(slots, self.history.tokens, self.history.lens)
+            elif self.online is not None:
                 self.online.update(slots, committed, accept_lens)
             if self.corpus is not None:
                 ten = self._tenant[: slots.shape[0]]

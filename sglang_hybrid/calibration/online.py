@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import torch
 
+from .deferred import DEFAULT_DEPTH, DeferredScoring
+
 DEFAULT_STRENGTH = 2.0
 DEFAULT_GLOBAL_DECAY = 0.999  # per decode step: the traffic-level record remembers about the last 1000 steps
 
@@ -56,10 +58,14 @@ class OnlineCalibration:
         max_bs: largest batch of one ``apply`` / ``update``.
         width: ``L``, the longest n-gram chain (columns of ``q``).
         strength: prior strength ``s`` > 0 (larger: the table is trusted longer).
+        defer: 0: ``update`` scores each draft against its own step's commit; ``D`` > 0: drafts are scored
+            against the history as it arrives, kept open up to ``D`` steps (``deferred.py``), with
+            ``apply(..., start=)`` and ``update_from_history`` in place of ``update``.
     """
 
     def __init__(self, num_slots: int, max_bs: int, width: int, device: torch.device | str,
-                 strength: float = DEFAULT_STRENGTH, global_decay: float = DEFAULT_GLOBAL_DECAY) -> None:
+                 strength: float = DEFAULT_STRENGTH, global_decay: float = DEFAULT_GLOBAL_DECAY,
+                 defer: int = 0) -> None:
         if not strength > 0:
             raise ValueError(f"online calibration strength: must be > 0, got {strength}")
         if not 0.0 <= global_decay <= 1.0:
@@ -101,22 +107,33 @@ class OnlineCalibration:
         self._s = torch.tensor(self.strength, **f32)  # a Python scalar in an op would be wrapped each call
         self._one = torch.ones((), **f32)
         self._col = torch.arange(width, dtype=torch.int64, device=self.device).view(1, width)
+        if defer < 0:
+            raise ValueError(f"online calibration defer: must be >= 0, got {defer}")
+        self.deferred = DeferredScoring(num_slots, max_bs, width, defer, self.device) if defer else None
+        self._start = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
 
     def reset(self, slots: torch.Tensor) -> None:
         """Forget the records of ``slots`` (at prefill: a new request starts with no evidence)."""
         s = slots.to(torch.int64)
         self.expected.index_fill_(0, s, 0.0)
         self.observed.index_fill_(0, s, 0.0)
+        if self.deferred is not None:
+            self.deferred.reset(s)
 
     def apply(self, slots: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
-              survival: torch.Tensor) -> None:
+              survival: torch.Tensor, start: torch.Tensor | None = None) -> None:
         """Recalibrate in place ``q [bs, L]`` and ``survival [bs, L]`` (the table's, from ``DeviceCalibration``).
 
         ``tokens [bs, L]`` / ``length [bs]``: the n-gram drafts (kept, with the table's ``q``, for ``update``).
+        ``start [bs]``: with ``defer``, each slot's history length now (the position of draft token 0).
         """
         bs, L = q.shape
         if L != self.width:
             raise ValueError(f"online calibration: q has {L} columns, the record {self.width}")
+        if self.deferred is not None:
+            if start is None:
+                raise ValueError("online calibration with defer > 0: apply needs start= (history lengths)")
+            self._start[:bs].copy_(start)
         s = self._slots[:bs]
         s.copy_(slots)  # int32 or int64 slots, no allocation
         self._q[:bs].copy_(q)
@@ -186,6 +203,24 @@ class OnlineCalibration:
         tried.sub_(ok).mul_(qb)  # q (1 - y) over tried tokens
         torch.sub(self._one, qb, out=miss)
         ok.mul_(miss)  # (1 - q) y
+        self._add(s, tried, ok)
+
+    def update_from_history(self, slots: torch.Tensor, hist_tokens: torch.Tensor, hist_lens: torch.Tensor) -> None:
+        """After verify and the history append (``defer`` > 0): score every draft the history now settles.
+
+        ``hist_tokens [num_slots, W]`` / ``hist_lens [num_slots]``: ``TokenHistory.tokens`` / ``.lens``."""
+        if self.deferred is None:
+            raise ValueError("online calibration: update_from_history needs defer > 0")
+        bs = slots.shape[0]
+        s = self._slots[:bs]
+        s.copy_(slots)
+        tried, ok = self._e[:bs], self._o[:bs]
+        self.deferred.score(s, self._tok[:bs], self._len[:bs], self._q[:bs], self._start[:bs], hist_tokens,
+                            hist_lens, tried, ok)
+        self._add(s, tried, ok)
+
+    def _add(self, s: torch.Tensor, tried: torch.Tensor, ok: torch.Tensor) -> None:
+        """Add one step's evidence ``[bs, L]`` to the slots' records and (decayed) to the traffic's."""
         self.expected.index_add_(0, s, tried)
         self.observed.index_add_(0, s, ok)
         for glob, rec in ((self.global_expected, tried), (self.global_observed, ok)):
@@ -232,16 +267,27 @@ class OnlineCalibrationRef:
 
     def update(self, committed_by_slot: dict[int, list[int]]) -> None:
         """One step's verify results: ``{slot: committed tokens}`` for every slot ``apply`` saw this step."""
-        tried_sum, ok_sum = [0.0] * self.width, [0.0] * self.width
+        evidence = {}
         for slot, committed in committed_by_slot.items():
             tokens, length, q = self.pending.pop(slot)
-            lim = min(length, len(committed), self.width)
-            for j in range(lim):
+            tried, ok = [0.0] * self.width, [0.0] * self.width
+            for j in range(min(length, len(committed), self.width)):
                 if tokens[j] != committed[j]:
-                    self.E[slot][j] += q[j]
-                    tried_sum[j] += q[j]
+                    tried[j] = q[j]
                     break
-                self.O[slot][j] += 1.0 - q[j]
-                ok_sum[j] += 1.0 - q[j]
+                ok[j] = 1.0 - q[j]
+            evidence[slot] = (tried, ok)
+        self.add_evidence(evidence)
+
+    def add_evidence(self, evidence_by_slot: dict[int, tuple[list[float], list[float]]]) -> None:
+        """One step's evidence ``{slot: (q (1 - y) by position, (1 - q) y by position)}``."""
+        tried_sum, ok_sum = [0.0] * self.width, [0.0] * self.width
+        for slot, (tried, ok) in evidence_by_slot.items():
+            self.pending.pop(slot, None)
+            for j in range(self.width):
+                self.E[slot][j] += tried[j]
+                self.O[slot][j] += ok[j]
+                tried_sum[j] += tried[j]
+                ok_sum[j] += ok[j]
         self.GE = [self.decay * a + b for a, b in zip(self.GE, tried_sum)]
         self.GO = [self.decay * a + b for a, b in zip(self.GO, ok_sum)]

@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..calibration.candidates import make_step_corpus
+from ..calibration.deferred import DEFAULT_DEPTH
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
@@ -142,7 +143,7 @@ class HybridPolicy:
                  max_draft: int = 7, window: int = 0, num_iters: int = 2, enable_ngram: bool = True,
                  max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None,
                  online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
-                 two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21) -> None:
+                 online_defer: int = DEFAULT_DEPTH, two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -164,8 +165,8 @@ class HybridPolicy:
         self.q = torch.zeros(max_bs, max_draft, dtype=torch.float32)
         self.surv = torch.zeros(max_bs, max_draft, dtype=torch.float32)
         # Per-request recalibration (the simulator's slots are 0..max_bs-1), as HybridStep runs it.
-        self.online = OnlineCalibration(max_bs, max_bs, max_draft, "cpu", online_strength) if online_calibration \
-            else None
+        self.online = OnlineCalibration(max_bs, max_bs, max_draft, "cpu", online_strength, defer=online_defer) \
+            if online_calibration else None
         # The cross-request corpus, as HybridStep builds it (shared: the simulator has one tenant).
         self.corpus, self.corpus_cand = make_step_corpus(
             corpus, corpus_entries, num_slots=max_bs, max_bs=max_bs, width=max_draft, device="cpu",
@@ -180,7 +181,9 @@ class HybridPolicy:
 
     def record(self, inp: StepInput, out: StepOutput, committed: torch.Tensor, counts: torch.Tensor) -> None:
         """After verify: ``committed[b, :counts[b]]`` are the tokens the target produced (as HybridStep.record)."""
-        if self.online is not None:
+        if self.online is not None and self.online.deferred is not None:
+            self.online.update_from_history(inp.slots, self._history.tokens, self._history.lens)
+        elif self.online is not None:
             self.online.update(inp.slots, committed, counts)
         if self.corpus is not None:  # every request's committed tokens, after the history append (as HybridStep)
             self.corpus.insert(self._history, inp.slots, counts)
@@ -191,11 +194,11 @@ class HybridPolicy:
         d = history.lookup(inp.slots, self.cfg)
         q, surv = self.q[:bs], self.surv[:bs]
         self.calib.apply(d, inp.model_tokens, q, surv)
+        self._history = history
         if self.online is not None:
-            self.online.apply(inp.slots, d.tokens, d.length, q, surv)
+            self.online.apply(inp.slots, d.tokens, d.length, q, surv, start=history.lens[inp.slots])
         ntok, nlen = d.tokens, d.length
         if self.corpus is not None:  # the better of the own-history and corpus candidates (HybridStep.propose)
-            self._history = history
             cd = self.corpus.lookup(history, inp.slots)
             _, csurv = self.corpus_cand.price(inp.slots, cd)
             ntok, nlen = self.corpus_cand.choose(d.tokens, surv, d.length, cd, csurv)

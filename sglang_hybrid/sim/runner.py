@@ -47,6 +47,7 @@ class SimOptions:
     enable_ngram: bool = True
     online_calibration: bool = HybridConfig.online_calibration  # per-request recalibration (calibration/online.py)
     online_strength: float = HybridConfig.online_strength
+    online_defer: int = HybridConfig.online_defer  # drafts scored against the history as it arrives (deferred.py)
     corpus: str = HybridConfig.corpus  # hybrid: the cross-request corpus, "off" or "shared" (one tenant here)
     corpus_entries: int = HybridConfig.corpus_entries
     two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
@@ -78,6 +79,8 @@ class SimOptions:
             raise ValueError("two_branch: needs hybrid_verify 'ragged'")
         if not self.online_strength > 0:
             raise ValueError(f"online_strength: must be > 0, got {self.online_strength}")
+        if self.online_defer < 0:
+            raise ValueError(f"online_defer: must be >= 0, got {self.online_defer}")
         if self.corpus not in ("off", "shared"):
             raise ValueError(f"corpus: choose from ('off', 'shared'), got {self.corpus!r}")
         if self.max_draft is not None and not (1 <= self.max_draft <= 16):
@@ -180,6 +183,7 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
                             max_verify_len=opts.gamma if L <= opts.gamma else 0,
                             fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None,
                             online_calibration=opts.online_calibration, online_strength=opts.online_strength,
+                            online_defer=opts.online_defer,
                             two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 

@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the shipped calibration table alone")
     n.add_argument("--online-strength", type=float, default=None,
                    help="prior strength of the recalibration (larger: trust the table longer; default: the plugin's)")
+    n.add_argument("--online-defer", type=int, default=None,
+                   help="steps an n-gram draft stays open to be scored against the history as it arrives (0: "
+                        "against its own step's commit only; default: the plugin's, 8)")
     p.add_argument("--cost", choices=("sps", "roofline-2d"), default="sps",
                    help="step cost: 1/SPS(B) from the table, or a roofline charging each request's KV (see cost.py)")
     p.add_argument("--measure", choices=("steady", "all"), default="steady",
@@ -114,6 +117,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         online_calibration=HybridConfig.online_calibration if args.online_calibration is None
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,
+        online_defer=HybridConfig.online_defer if args.online_defer is None else args.online_defer,
         calibration=args.calibration, sps_table=args.sps_table, tokenizer=args.tokenizer,
         measure=args.measure, cost=args.cost, progress=sys.stderr.isatty() if args.progress is None else args.progress,
     )

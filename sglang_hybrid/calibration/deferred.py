@@ -1,0 +1,256 @@
+"""Deferred scoring of n-gram drafts: each draft is scored against the committed history as it arrives.
+
+``OnlineCalibration.update`` scores a draft against one step's commit (accepted tokens + bonus): draft token j
+counts as *tried* only if ``j < commit length``. When the step verified the model chain, the commit is long
+exactly where the text is predictable, so the deep positions of an n-gram draft are tried mostly in easy
+contexts: the record over-states their acceptance, and more so at large batches, where the commits are short
+(in the simulator's chat replay the estimate came out 13% high at batch 32 and 19% at batch 128).
+
+Here each slot keeps its last ``depth`` drafts in a small ring (tokens, the table's ``q``, the history position
+of token 0, the length, how many leading tokens are scored). After every append the ring is compared with the
+history, and each draft token is scored once, at the step the history reaches it, exactly as ``update`` scores
+one (``q_j (1 - y_j)`` for the failed token, ``(1 - q_j) y_j`` for the accepted ones). A draft is dropped once a
+token disagrees or the history covers it; after ``depth`` steps an open draft's entry goes to a new draft (the
+tokens it had compared stay scored; the rest are never tried). Scoring each token as soon as it is known, rather
+than when the draft settles, matters: failures settle at once and successes only later, so a record that waited
+for the outcome would lag behind on successes and under-state acceptance. At small batch (long commits) a draft
+is settled within its own step, and this gives the same evidence as ``update``.
+
+Fixed shapes, no host reads, no allocation per step: every op writes into buffers made at construction for the
+largest batch. ``DeferredScoringRef`` is the plain-Python definition the tests compare against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_DEPTH = 8  # drafts kept per slot: at large batch ~1.5 tokens commit per step, so 8 steps cover ~12
+
+
+class DeferredScoring:
+    """Per-slot rings of pending n-gram drafts, scored against a ``TokenHistory``-layout ring buffer.
+
+    Args:
+        num_slots: request-pool slots. max_bs: largest batch of one ``score``. width: ``L``, the longest draft.
+        depth: ``D`` >= 1, drafts kept open per slot.
+    """
+
+    def __init__(self, num_slots: int, max_bs: int, width: int, depth: int, device: torch.device | str) -> None:
+        if depth < 1:
+            raise ValueError(f"deferred scoring depth: must be >= 1, got {depth}")
+        dev = torch.device(device)
+        self.depth, self.width = depth, width
+        D, L, D1 = depth, width, depth + 1
+        i32, i64, f32 = (dict(dtype=t, device=dev) for t in (torch.int32, torch.int64, torch.float32))
+        self.tok = torch.zeros(num_slots, D, L, **i32)
+        self.q = torch.zeros(num_slots, D, L, **f32)
+        self.start = torch.zeros(num_slots, D, **i64)  # history position of token 0
+        self.length = torch.zeros(num_slots, D, **i64)  # 0 = free
+        self.done = torch.zeros(num_slots, D, **i64)  # leading tokens already scored (all of them matched)
+        self.ptr = torch.zeros(num_slots, **i64)  # the entry the next draft takes
+        # Scratch: the slot's ring plus this step's draft as column D.
+        self._tok = torch.zeros(max_bs, D1, L, **i32)
+        self._q = torch.zeros(max_bs, D1, L, **f32)
+        self._start = torch.zeros(max_bs, D1, **i64)
+        self._len = torch.zeros(max_bs, D1, **i64)
+        self._ptr = torch.zeros(max_bs, **i64)
+        self._rtok = torch.zeros(max_bs, D, L, **i32)
+        self._rq = torch.zeros(max_bs, D, L, **f32)
+        self._rst = torch.zeros(max_bs, D, **i64)
+        self._rln = torch.zeros(max_bs, D, **i64)
+        self._rdone = torch.zeros(max_bs, D, **i64)
+        self._done = torch.zeros(max_bs, D1, **i64)
+        self._new = torch.zeros(max_bs, D1, L, dtype=torch.bool, device=dev)
+        self._newf = torch.zeros(max_bs, D1, L, **f32)
+        self._hl32 = torch.zeros(max_bs, **i32)
+        self._hl64 = torch.zeros(max_bs, **i64)
+        self._slots = torch.zeros(max_bs, **i64)
+        self._hlen = torch.zeros(max_bs, 1, **i64)
+        self._known = torch.zeros(max_bs, D1, **i64)
+        self._lim = torch.zeros(max_bs, D1, 1, **i64)
+        self._pos = torch.zeros(max_bs, D1, L, **i64)
+        self._htok = torch.zeros(max_bs, D1, L, **i32)
+        self._valid = torch.zeros(max_bs, D1, L, dtype=torch.bool, device=dev)
+        self._eq = torch.zeros(max_bs, D1, L, dtype=torch.bool, device=dev)
+        self._match = torch.zeros(max_bs, D1, L, **f32)
+        self._pref = torch.zeros(max_bs, D1, L + 1, **f32)
+        self._tried = torch.zeros(max_bs, D1, L, **f32)
+        self._ok = torch.zeros(max_bs, D1, L, **f32)
+        self._tmp = torch.zeros(max_bs, D1, L, **f32)
+        self._det = torch.zeros(max_bs, D1, dtype=torch.bool, device=dev)
+        self._b1 = torch.zeros(max_bs, D1, dtype=torch.bool, device=dev)
+        self._fail = torch.zeros(max_bs, D1, **f32)
+        self._ix = torch.zeros(max_bs, 1, L, **i64)
+        self._ix2 = torch.zeros(max_bs, 1, **i64)
+        self._lo = torch.zeros(max_bs, 1, **i64)
+        self._base = torch.zeros(max_bs, **i64)
+        self._w: dict[int, torch.Tensor] = {}  # the history ring's width as a tensor (made once per width)
+        self._dev = dev
+        self._one = torch.ones((), **f32)
+        self._one_i = torch.ones((), **i64)
+        self._depth_t = torch.full((), depth, **i64)
+        self._half = torch.full((), 0.5, **f32)
+        self._detf = torch.zeros(max_bs, D1, **f32)
+        self._zero = torch.zeros((), **i64)
+        self._col = torch.arange(L, **i64).view(1, 1, L)
+        self._ent = torch.arange(D1, **i64).view(1, D1)
+
+    def _ring_width(self, w: int) -> torch.Tensor:
+        t = self._w.get(w)
+        if t is None:
+            t = self._w[w] = torch.tensor(w, dtype=torch.int64, device=self._dev)
+        return t
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """Drop the pending drafts of ``slots`` (a new request)."""
+        s = slots.to(torch.int64)
+        self.length.index_fill_(0, s, 0)
+        self.ptr.index_fill_(0, s, 0)
+
+    def score(self, slots: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
+              start: torch.Tensor, hist_tokens: torch.Tensor, hist_lens: torch.Tensor,
+              tried_out: torch.Tensor, ok_out: torch.Tensor) -> None:
+        """Add this step's drafts and score every newly compared token; writes the evidence ``[bs, L]`` per slot.
+
+        ``tokens / length / q / start``: this step's drafts (``[bs, L]`` int32, ``[bs]``, ``[bs, L]``, ``[bs]``
+        history position of token 0). ``hist_tokens [num_slots, W]`` int32 ring (position p at column p % W) and
+        ``hist_lens [num_slots]``: the history *after* this step's append. ``tried_out`` / ``ok_out [bs, L]``:
+        ``q_j (1 - y_j)`` on a failed token and ``(1 - q_j) y_j`` on an accepted one, summed over the newly compared.
+        """
+        bs, L = tokens.shape
+        D, W = self.depth, hist_tokens.shape[1]
+        s = self._slots[:bs]
+        s.copy_(slots)
+        tok, qq, st, ln, done = self._tok[:bs], self._q[:bs], self._start[:bs], self._len[:bs], self._done[:bs]
+        for ring, rs, full in ((self.tok, self._rtok, tok), (self.q, self._rq, qq), (self.start, self._rst, st),
+                               (self.length, self._rln, ln), (self.done, self._rdone, done)):
+            torch.index_select(ring, 0, s, out=rs[:bs])  # contiguous out: no resize, no temporary
+            full[:, :D].copy_(rs[:bs])
+        tok[:, D].copy_(tokens)
+        qq[:, D].copy_(q)
+        st[:, D].copy_(start)
+        ln[:, D].copy_(length)
+        done[:, D].fill_(0)
+        ptr = self._ptr[:bs]
+        torch.index_select(self.ptr, 0, s, out=ptr)
+        # known = tokens of the history past each draft's start; a token is compared iff j < min(len, known)
+        # and its position is still in the ring.
+        hlen = self._hlen[:bs]
+        hl = self._hl32[:bs] if hist_lens.dtype == torch.int32 else self._hl64[:bs]
+        torch.index_select(hist_lens, 0, s, out=hl)
+        hlen[:, 0].copy_(hl)
+        known = self._known[:bs]
+        torch.sub(hlen, st, out=known)
+        lim = self._lim[:bs]
+        torch.minimum(ln, known, out=lim[..., 0])
+        pos, valid = self._pos[:bs], self._valid[:bs]
+        torch.add(st.unsqueeze(2), self._col, out=pos)
+        torch.lt(self._col, lim, out=valid)
+        w_t = self._ring_width(W)
+        lo, base = self._lo[:bs], self._base[:bs]
+        torch.sub(hlen, w_t, out=lo)  # the oldest position the ring still holds
+        torch.ge(pos, lo.unsqueeze(2), out=self._eq[:bs])
+        valid.logical_and_(self._eq[:bs])
+        pos.remainder_(w_t)
+        torch.mul(s, w_t, out=base)
+        pos.add_(base.view(-1, 1, 1))  # flat index into hist_tokens
+        htok = self._htok[:bs]
+        torch.index_select(hist_tokens.view(-1), 0, pos.view(-1), out=htok.view(-1))
+        eq = self._eq[:bs]
+        torch.eq(tok, htok, out=eq)
+        eq.logical_and_(valid)
+        match, pref, tried, ok = self._match[:bs], self._pref[:bs], self._tried[:bs], self._ok[:bs]
+        match.copy_(eq)
+        pref[..., :1].fill_(1.0)
+        torch.cumprod(match, 2, out=pref[..., 1:])
+        tmp = self._tmp[:bs]
+        tmp.copy_(valid)  # copy_ converts in place (a mixed-dtype op would allocate)
+        torch.mul(pref[..., :L], tmp, out=tried)  # tokens 0..j-1 matched and j compared
+        ok.copy_(pref[..., 1:])  # tokens 0..j matched (implies compared)
+        # Determined: a compared token failed, or the history covers the whole draft.
+        fail, det, b1 = self._fail[:bs], self._det[:bs], self._b1[:bs]
+        torch.sub(tried, ok, out=tmp)  # 1 at the first failed token
+        torch.sum(tmp, 2, out=fail)
+        torch.gt(fail, self._half, out=det)
+        torch.ge(known, ln, out=b1)
+        det.logical_or_(b1)
+        # Evidence of the tokens compared for the first time (j >= done): each position is scored once, when the
+        # history reaches it. A free entry (length 0) compares nothing.
+        newf = self._newf[:bs]
+        torch.ge(self._col, done.unsqueeze(2), out=self._new[:bs])
+        newf.copy_(self._new[:bs])
+        tmp.mul_(qq)  # q (1 - y) on the failed token
+        tmp.mul_(newf)
+        torch.sum(tmp, 1, out=tried_out)
+        torch.sub(self._one, qq, out=tmp)
+        tmp.mul_(ok)
+        tmp.mul_(newf)
+        torch.sum(tmp, 1, out=ok_out)
+        # Drop the determined drafts, note how far the open ones are scored; the new draft (if open) takes entry
+        # ptr, replacing the oldest (whose compared tokens are already scored); ptr advances.
+        done.copy_(lim[..., 0])
+        ln.masked_fill_(det, 0)
+        ix2 = self._ix2[:bs]
+        ix2.copy_(ptr.view(-1, 1))
+        ix = self._ix[:bs]
+        ix.copy_(ix2.unsqueeze(2).expand(bs, 1, L))
+        ring_tok, ring_q, ring_st, ring_ln, ring_done = tok[:, :D], qq[:, :D], st[:, :D], ln[:, :D], done[:, :D]
+        ring_tok.scatter_(1, ix, tok[:, D:])
+        ring_q.scatter_(1, ix, qq[:, D:])
+        ring_st.scatter_(1, ix2, st[:, D:])
+        ring_ln.scatter_(1, ix2, ln[:, D:])
+        ring_done.scatter_(1, ix2, done[:, D:])
+        ptr.add_(self._one_i)
+        ptr.remainder_(self._depth_t)
+        for ring, rs, part in ((self.tok, self._rtok, ring_tok), (self.q, self._rq, ring_q),
+                               (self.start, self._rst, ring_st), (self.length, self._rln, ring_ln),
+                               (self.done, self._rdone, ring_done)):
+            rs[:bs].copy_(part)
+            ring.index_copy_(0, s, rs[:bs])
+        self.ptr.index_copy_(0, s, ptr)
+
+
+class DeferredScoringRef:
+    """Plain-Python definition of :class:`DeferredScoring` (lists; for the tests)."""
+
+    def __init__(self, num_slots: int, width: int, depth: int) -> None:
+        self.width, self.depth = width, depth
+        self.ring = [[None] * depth for _ in range(num_slots)]  # [tokens, q, start, length, done] or None
+        self.ptr = [0] * num_slots
+
+    def reset(self, slot: int) -> None:
+        self.ring[slot] = [None] * self.depth
+        self.ptr[slot] = 0
+
+    def score(self, slot: int, tokens: list[int], length: int, q: list[float], start: int, history: list[int],
+              ring_width: int) -> tuple[list[float], list[float]]:
+        """``history``: the slot's whole logical history after the append (the last ``ring_width`` readable)."""
+        L, hlen = self.width, len(history)
+        tried, ok = [0.0] * L, [0.0] * L
+        entries = self.ring[slot] + [[list(tokens), list(q), int(start), int(length), 0]]
+        for d, e in enumerate(entries):
+            if e is None:
+                continue
+            tok, qe, st, ln, done = e
+            known = hlen - st
+            failed = False
+            for j in range(min(ln, known)):
+                p = st + j
+                if p < hlen - ring_width:  # no longer in the ring: nothing from here is compared
+                    break
+                if history[p] != tok[j]:
+                    if j >= done:
+                        tried[j] += qe[j]
+                    failed = True
+                    break
+                if j >= done:
+                    ok[j] += 1.0 - qe[j]
+            e[4] = max(0, min(ln, known))
+            if failed or known >= ln:
+                e[3] = 0
+            if d < self.depth and e[3] == 0:
+                self.ring[slot][d] = None
+        p = self.ptr[slot]
+        self.ring[slot][p] = entries[-1] if entries[-1][3] > 0 else None
+        self.ptr[slot] = (p + 1) % self.depth
+        return tried, ok
