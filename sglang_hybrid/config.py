@@ -39,7 +39,8 @@ class HybridConfig:
     max_draft: int = 0  # L_max: longest n-gram chain; > speculative_num_steps widens the verify window; 0 = fill it
     window: int = 0  # scan window in tokens; 0 = the whole history row
     narrow_above: int = 0  # batches of more requests verify only steps + 1 tokens (a wide window is cheap only
-    # while the verify is memory-bound); 0 = the window never narrows
+    # while the verify is memory-bound); 0 = the window never narrows; -1 or "auto" = from the SPS table and the
+    # acceptance measured under each window (sglang_plugin/auto_narrow.py)
     history_width: int = 0  # tokens kept per request; 0 = the model's context length
     calibration: str = "default"  # path of a calibration JSON, or "default" for the shipped table
     enable_ngram: bool = True  # ablation: False = model chain only
@@ -68,8 +69,8 @@ class HybridConfig:
             raise bad("max_draft", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = fill the verify window), got {self.max_draft}")
         if self.window < 0:
             raise bad("window", f"must be >= 0, got {self.window}")
-        if self.narrow_above < 0:
-            raise bad("narrow_above", f"must be >= 0 (0 = never narrow), got {self.narrow_above}")
+        if self.narrow_above < -1:
+            raise bad("narrow_above", f"must be >= 0 (0 = never narrow) or -1 / 'auto', got {self.narrow_above}")
         if self.history_width < 0:
             raise bad("history_width", f"must be >= 0, got {self.history_width}")
         if self.draft_kind not in DRAFT_KINDS:
@@ -104,6 +105,8 @@ class HybridConfig:
                 raise HybridConfigError(
                     f"unknown sglang-hybrid option '{key}' in {source}; known: {sorted(known)}"
                 )
+            if key == "narrow_above" and str(raw).strip().lower() == "auto":
+                raw = -1
             kwargs[key] = _coerce(key, raw, known[key].type, source)
         cfg = cls(**kwargs)
         cfg.validate()

@@ -139,6 +139,7 @@ class HybridStep:
         self._guard = os.environ.get("SGLANG_HYBRID_SYNC_GUARD", "") == "1"
         self.active_window = self.verify_window  # the last step's verify window, root excluded (host int)
         self.window_switches = 0
+        self.extra_metrics: dict = {}  # set by the worker glue (e.g. narrow_above auto), reported by metrics()
         self.narrow_steps = 0  # decode steps verified with a window narrower than verify_window
         self._steps_host = 0
 
@@ -300,6 +301,7 @@ class HybridStep:
         m["active_window_tokens"] = self.active_window + 1  # the last step's window, root included
         m["window_switches"] = self.window_switches
         m["narrow_window_steps"] = self.narrow_steps
+        m.update(self.extra_metrics)
         if self.corpus is not None:
             m.update(self.corpus_cand.counts())
             m["corpus_entries"] = self.corpus.cfg.entries

@@ -13,6 +13,12 @@ def test_defaults_are_valid():
     assert cfg.enable_ngram and cfg.enable_model
 
 
+def test_narrow_above_auto():
+    assert HybridConfig.from_env({"SGLANG_HYBRID_NARROW_ABOVE": "auto"}).narrow_above == -1
+    assert HybridConfig.from_mapping({"narrow_above": "AUTO"}, "test").narrow_above == -1
+    assert HybridConfig.from_env({"SGLANG_HYBRID_NARROW_ABOVE": "8"}).narrow_above == 8  # an explicit value wins
+
+
 def test_env_overrides_file(tmp_path):
     f = tmp_path / "h.json"
     f.write_text(json.dumps({"n_min": 3, "n_max": 6, "enable_ngram": False}))
@@ -29,6 +35,8 @@ def test_env_overrides_file(tmp_path):
         ({"SGLANG_HYBRID_MAX_DRAFT": "-1"}, "'max_draft'"),
         ({"SGLANG_HYBRID_MAX_DRAFT": "65"}, "'max_draft'"),
         ({"SGLANG_HYBRID_NARROW_ABOVE": "-2"}, "'narrow_above'"),
+        ({"SGLANG_HYBRID_NARROW_ABOVE": "sometimes"}, "'narrow_above'"),
+        ({"SGLANG_HYBRID_ONLINE_DEFER": "-1"}, "'online_defer'"),
         ({"SGLANG_HYBRID_ENABLE_NGRAM": "maybe"}, "'enable_ngram'"),
         ({"SGLANG_HYBRID_ENABLE_NGRAM": "0", "SGLANG_HYBRID_ENABLE_MODEL": "false"}, "both be false"),
         ({"SGLANG_HYBRID_DRAFT_KIND": "medusa"}, "'draft_kind'"),

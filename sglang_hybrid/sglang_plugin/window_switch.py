@@ -28,7 +28,7 @@ logger = logging.getLogger("sglang_hybrid")
 class WindowSwitch:
     """Two runtime states of an EAGLE-family V2 worker: its initial (wide) window and ``steps + 1``."""
 
-    def __init__(self, worker, narrow_above: int) -> None:
+    def __init__(self, worker, narrow_above: int, all_batch_sizes: bool = False) -> None:
         from sglang.srt.runtime_context import get_exec
         from sglang.srt.speculative import eagle_worker_v2 as w2
         from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
@@ -49,7 +49,9 @@ class WindowSwitch:
             cuda_graph_runner_for_draft_extend=dw.cuda_graph_runner_for_draft_extend,
         )
         graphs_off = w2.check_cuda_graph_backend(w2.Phase.DECODE, w2.Backend.DISABLED)
-        graph_bs = None if graphs_off else [b for b in get_exec().graph.cuda_graph_bs_decode if b > self.narrow_above]
+        # The narrow state's graphs: the batch sizes above the threshold, or all of them when it moves (auto).
+        graph_bs = None if graphs_off else [b for b in get_exec().graph.cuda_graph_bs_decode
+                                            if all_batch_sizes or b > self.narrow_above]
         steps = worker.speculative_num_steps
         with (
             w2.draft_tp_context(dw.parallel_layout),

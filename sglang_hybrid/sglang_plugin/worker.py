@@ -48,6 +48,7 @@ class HybridMixin:
         self._hybrid_cfg, self._hybrid_calib = load_options()
         self.hybrid = None
         self._hybrid_switch = None
+        self._hybrid_auto = None
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         """Once SGLang has sized the request pool: build the device state (one history row per pool slot)."""
@@ -66,12 +67,13 @@ class HybridMixin:
         gamma = int(self.speculative_num_steps)
         window = int(self.speculative_num_draft_tokens) - 1  # > gamma: widened for long n-gram chains
         max_bs = num_slots
-        if get_spec().speculative_dspark_sps_table_path:
+        if get_spec().speculative_dspark_sps_table_path and cfg.narrow_above >= 0:
             # An SPS budget trades verify tokens for step time; this verify runs the whole window for every
             # request whatever is chosen, so capping verify lengths would only lose accepted tokens.
             logger.warning(
                 "HYBRID_SPARK: --speculative-dspark-sps-table-path is ignored with an EAGLE-family draft model: "
-                "its verify window is fixed, so the batch budget never binds (each request takes its better chain)"
+                "its verify window is fixed, so the batch budget never binds (each request takes its better chain); "
+                "with SGLANG_HYBRID_NARROW_ABOVE=auto it sets the window switch's threshold"
             )
         self.hybrid = HybridStep(
             cfg, num_slots=num_slots, width=width, gamma=gamma, max_bs=max_bs, device=self.device,
@@ -95,15 +97,31 @@ class HybridMixin:
         """After SGLang's capture: with ``narrow_above`` and a widened window, build the narrow runtime state."""
         super().init_cuda_graphs()
         cfg = self._hybrid_cfg
-        if cfg.narrow_above > 0 and self.speculative_num_draft_tokens > self.speculative_num_steps + 1:
+        if cfg.narrow_above != 0 and self.speculative_num_draft_tokens > self.speculative_num_steps + 1:
             from .window_switch import WindowSwitch
 
-            self._hybrid_switch = WindowSwitch(self, cfg.narrow_above)
+            threshold = cfg.narrow_above
+            if threshold < 0:  # auto: from the SPS table, then from the acceptance measured under each window
+                from sglang.srt.runtime_context import get_spec
+
+                from .auto_narrow import AutoNarrowDriver
+
+                steps = int(self.speculative_num_steps)
+                self._hybrid_auto = AutoNarrowDriver(
+                    self.hybrid, sps_path=get_spec().speculative_dspark_sps_table_path,
+                    wide_tokens=int(self.speculative_num_draft_tokens), narrow_tokens=steps + 1, gamma=steps,
+                    model_prior=cfg.model_prior, max_batch_size=self.hybrid.max_bs)
+                threshold = self._hybrid_auto.threshold
+                logger.info("HYBRID_SPARK: narrow_above auto = %d at start-up (SPS table %s)", threshold,
+                            self._hybrid_auto.sps_source)
+            self._hybrid_switch = WindowSwitch(self, threshold, all_batch_sizes=self._hybrid_auto is not None)
 
     def activate_step_by_batch(self, batch_size: int) -> None:
         """SGLang's per-decode-step hook: pick the verify window for this batch size (host-side)."""
         super().activate_step_by_batch(batch_size)
         if self._hybrid_switch is not None:
+            if self._hybrid_auto is not None and batch_size > 0:
+                self._hybrid_auto.before_step(self._hybrid_switch, batch_size)
             self._hybrid_switch.activate(batch_size)
 
     # -- prefill ---------------------------------------------------------------------------------------

@@ -163,6 +163,17 @@ register_config(
     )
 )
 
+# narrow_above auto: the threshold from an SPS table (here the steep CPU table below, where the wide window does
+# not pay even at batch 2 at equal acceptance) and from the acceptance measured under each window.
+register_config(
+    EngineConfig(
+        "hybrid_spark_auto_narrow", algorithm="HYBRID_SPARK", draft="standalone",
+        engine_kwargs=(("speculative_num_steps", 2), ("speculative_num_draft_tokens", None),
+                       ("speculative_dspark_sps_table_path", os.path.join(HERE, "data", "sps_cpu.json"))),
+        env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_NARROW_ABOVE", "auto")),
+    )
+)
+
 # DSpark (tests/e2e/tiny_dspark.py: block 3, confidence head). SGLang's verify modes are chosen by
 # SGLANG_RAGGED_VERIFY_MODE; cap-accept and compact budget from an SPS table (DSPARK_SPS_TABLE: a step of B verify
 # tokens takes 1 + 0.15 B time units, steep enough that DSpark's budget trims the tiny drafter's blocks), static
