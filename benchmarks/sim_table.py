@@ -64,7 +64,8 @@ def main(argv=None) -> int:
             f"{settings['gamma']}, hybrid max_draft {settings['hybrid_max_draft']}, online calibration "
             f"{'on' if settings['online_calibration'] else 'off'} (strength {settings['online_strength']}, drafts scored as the history arrives, "
             f"open up to {settings['online_defer']} steps), "
-            f"SPS table {Path(settings['sps_table']).name}. Cells: modelled output tokens/s (accepted tokens per request "
+            f"SPS table {Path(settings['sps_table']).name} (under roofline-2d the hybrid prices with the 2-D roofline table, "
+            f"sps2d {settings['sps2d']}). Cells: modelled output tokens/s (accepted tokens per request "
             "per step, bonus included).")
     Path(args.out).write_text(md + "\n\n" + note + "\n")
     Path(args.out).with_suffix(".json").write_text(json.dumps(runs_by_cost, indent=1))

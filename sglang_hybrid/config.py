@@ -53,6 +53,8 @@ class HybridConfig:
     online_strength: float = 2.0  # its prior strength, in units of its records (larger: trust the table longer)
     online_defer: int = 8  # drafts scored against the history as it arrives, open up to this many steps; 0 =
     # against their own step's commit only (calibration/deferred.py)
+    sps2d_table: str = ""  # DSpark worker: price with a 2-D SPS table (batch tokens x the step's KV context,
+    # selection/sps2d.py): "" = DSpark's 1-D table only, "roofline" = the shipped roofline model, or a JSON path
     metrics_interval: int = 50  # decode steps between periodic log lines; 0 = never
     corpus: str = "off"  # cross-request n-gram corpus (ngram/corpus.py): "off", "shared" or "tenant" (README)
     corpus_entries: int = 1 << 21  # its table entries (a power of two); device memory 16 bytes per entry
@@ -93,6 +95,8 @@ class HybridConfig:
             raise bad("corpus", f"must be one of {CORPUS_MODES}, got {self.corpus!r}")
         if self.corpus_entries < 8 or self.corpus_entries & (self.corpus_entries - 1):
             raise bad("corpus_entries", f"must be a power of two >= 8, got {self.corpus_entries}")
+        if self.sps2d_table not in ("", "roofline") and not os.path.isfile(self.sps2d_table):
+            raise bad("sps2d_table", f"file not found: {self.sps2d_table} ('' = off, 'roofline', or a JSON path)")
         if self.calibration != "default" and not os.path.isfile(self.calibration):
             raise bad("calibration", f"file not found: {self.calibration}")
 

@@ -28,6 +28,7 @@ from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
 from .selection import SelectionBuffers, select_chains
+from .selection.sps2d import DenseSps2D, Sps2DTable
 from .stats import COUNTER_NAMES, SLOT_STAT_NAMES, StepStats  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("sglang_hybrid")
@@ -70,6 +71,7 @@ class HybridStep:
         device: torch.device | str,
         calibration: Optional[CalibrationTable] = None,
         sps_dense: Optional[torch.Tensor] = None,
+        sps2d: Optional[Sps2DTable] = None,
         max_context_len: Optional[int] = None,
         verify_window: Optional[int] = None,
         kernel_backend: str = "auto",
@@ -118,6 +120,9 @@ class HybridStep:
         self.conf = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.conf_prev = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.sps_dense = sps_dense
+        # A 2-D SPS table (selection/sps2d.py): the price row is rewritten each step for the step's KV context.
+        self.sps2d = DenseSps2D(sps2d, sps_dense.shape[0] - 1, self.device) \
+            if sps2d is not None and sps_dense is not None else None
         self._budgets: dict[int, torch.Tensor] = {}
         self._cond_surv = torch.zeros(gamma, dtype=torch.float32, device=self.device)
         self._no_ngram = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
@@ -174,13 +179,16 @@ class HybridStep:
         return b
 
     def propose(self, slots: torch.Tensor, model_tokens: torch.Tensor,
-                model_confidence: Optional[torch.Tensor] = None, window: Optional[int] = None) -> Proposal:
+                model_confidence: Optional[torch.Tensor] = None, window: Optional[int] = None,
+                context_tokens: Optional[torch.Tensor] = None) -> Proposal:
         """Choose, per request, the model chain ``model_tokens [bs, gamma]`` or the n-gram chain.
 
         ``model_confidence [bs, gamma]``: the drafter's per-token conditional acceptance estimates when it has
         them (DSpark's confidence head); without them (EAGLE-family chains report a constant 1.0) the online
         per-position estimate is used. ``window``: draft tokens this step verifies (a host int, at most
         ``verify_window``; default ``verify_window``); chains and the proposal are cut to it.
+        ``context_tokens``: a device scalar, the KV tokens this step reads (all requests); with a 2-D SPS table
+        the selection prices verify tokens at that context.
         """
         bs = model_tokens.shape[0]
         win = self.verify_window if window is None else int(window)
@@ -191,6 +199,8 @@ class HybridStep:
         if win < self.verify_window:
             self.narrow_steps += 1
         with sync_guard(self._guard):
+            if self.sps2d is not None and context_tokens is not None:
+                self.sps2d.fill(context_tokens, self.sps_dense)
             draft = self.history.lookup(slots, self.ngram_cfg)
             q, ngram_surv = self.q[:bs], self.ngram_surv[:bs]
             self.calib_dev.apply(draft, model_tokens, q, ngram_surv)
@@ -301,6 +311,7 @@ class HybridStep:
         m["active_window_tokens"] = self.active_window + 1  # the last step's window, root included
         m["window_switches"] = self.window_switches
         m["narrow_window_steps"] = self.narrow_steps
+        m["price_sps2d"] = int(self.sps2d is not None)
         m.update(self.extra_metrics)
         if self.corpus is not None:
             m.update(self.corpus_cand.counts())

@@ -17,6 +17,15 @@ def load_options() -> tuple[HybridConfig, CalibrationTable]:
     return cfg, calib
 
 
+def load_sps2d(cfg: HybridConfig):
+    """The 2-D SPS table of option ``sps2d_table`` (None when off); a bad file fails at start-up, named."""
+    from ..selection.sps2d import load_sps2d_table, roofline_sps2d_table
+
+    if not cfg.sps2d_table:
+        return None
+    return roofline_sps2d_table() if cfg.sps2d_table == "roofline" else load_sps2d_table(cfg.sps2d_table)
+
+
 def write_prefill_history(hybrid: HybridStep, batch, next_token_ids: torch.Tensor, device) -> None:
     """After a target prefill: each request's prompt (and output so far, after a retraction) and its first sampled
     token start its request-pool slot's history row.

@@ -41,7 +41,7 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
 from ..step import HybridStep, Proposal
-from .common import load_options, write_prefill_history
+from .common import load_options, load_sps2d, write_prefill_history
 from .dspark_args import check_sps_table, model_chain_gamma
 
 logger = logging.getLogger("sglang_hybrid")
@@ -117,8 +117,9 @@ class HybridDSparkWorker(DSparkWorkerV2):
         self.hybrid = HybridStep(
             cfg, num_slots=num_slots, width=cfg.history_width or context_len, gamma=gamma, max_bs=max_bs,
             device=self.device, calibration=self._hybrid_calib, sps_dense=sps, max_context_len=context_len,
-            verify_window=window,
+            verify_window=window, sps2d=load_sps2d(cfg),
         )
+        self._ctx_tokens = torch.zeros((), dtype=torch.float32, device=self.device)
         dt = torch.int64
         self._merged_tokens = torch.zeros(max_bs, window, dtype=dt, device=self.device)
         self._merged_conf = torch.zeros(max_bs, window, dtype=torch.float32, device=self.device)
@@ -147,9 +148,13 @@ class HybridDSparkWorker(DSparkWorkerV2):
         bs, g = tokens.shape
         m = self._model_gamma
         conf = proposal.confidence
+        ctx = None
+        if hy.sps2d is not None:  # the KV tokens this step reads: the 2-D price's context
+            ctx = self._ctx_tokens
+            torch.sum(batch.seq_lens, 0, dtype=torch.float32, out=ctx)
         chosen = hy.propose(
             batch.req_pool_indices, tokens[:, :m],
-            model_confidence=None if conf is None else conf[:, :m],
+            model_confidence=None if conf is None else conf[:, :m], context_tokens=ctx,
         )
         w = chosen.tokens.shape[1]
         merged64 = self._merged_tokens[:bs, :g]

@@ -27,6 +27,7 @@ from ..calibration.deferred import DEFAULT_DEPTH
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
+from ..selection.sps2d import DenseSps2D, Sps2DTable
 from ..selection.sps import SpsTable
 from ..selection.two_branch import select_two_branch
 from .dspark_planner import DSparkPlanner
@@ -40,6 +41,7 @@ class StepInput:
     requests: Sequence[int]  # request index of each row (a list or an int64 array)
     model_tokens: torch.Tensor  # [bs, gamma] int32 the model drafter's chain
     conf: torch.Tensor  # [bs, gamma] float32 its per-position conditional confidences
+    context_tokens: Optional[torch.Tensor] = None  # 0-d float: the KV tokens the step reads (all requests)
 
 
 @dataclass
@@ -143,7 +145,7 @@ class HybridPolicy:
                  max_draft: int = 7, window: int = 0, num_iters: int = 2, enable_ngram: bool = True,
                  max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None,
                  online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
-                 online_defer: int = DEFAULT_DEPTH, two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21) -> None:
+                 online_defer: int = DEFAULT_DEPTH, sps2d: Optional[Sps2DTable] = None, two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -155,6 +157,8 @@ class HybridPolicy:
         self.max_verify_len = gamma if max_verify_len is None else max_verify_len
         self.sel = SelectionBuffers(max_bs, width, "cpu")
         self.sps = dense_sps(sps, max_bs * (1 + gamma + max_draft), "cpu")
+        # A 2-D table: the price row is rewritten every step for the step's context (selection/sps2d.py).
+        self.sps2d = DenseSps2D(sps2d, self.sps.shape[0] - 1, "cpu") if sps2d is not None else None
         if two_branch and fixed_window is not None:
             raise ValueError("two_branch: needs the ragged verify (a fixed window has no room for a second branch)")
         self.two_branch = two_branch
@@ -195,6 +199,8 @@ class HybridPolicy:
         q, surv = self.q[:bs], self.surv[:bs]
         self.calib.apply(d, inp.model_tokens, q, surv)
         self._history = history
+        if self.sps2d is not None and inp.context_tokens is not None:
+            self.sps2d.fill(inp.context_tokens, self.sps)
         if self.online is not None:
             self.online.apply(inp.slots, d.tokens, d.length, q, surv, start=history.lens[inp.slots])
         ntok, nlen = d.tokens, d.length

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config import HybridConfig
 from ..selection.sps import SpsTable, load_default_sps_table, load_sps_table, roofline_sps_table
+from ..selection.sps2d import load_sps2d_table, roofline_sps2d_table
 from .cost import make_cost
 from .acceptance import DEFAULT_CONCENTRATION, DEFAULT_DECAY, AcceptanceModel
 from .jsonl import Record
@@ -56,6 +57,8 @@ class SimOptions:
     sps_table: Optional[str] = None  # None = the shipped roofline table
     tokenizer: Optional[str] = None  # None = the shipped tokenizer
     cost: str = "sps"  # "sps": 1/SPS(B) from the table; "roofline-2d": KV charged per actual request (cost.py)
+    sps2d: str = "auto"  # hybrid's price: "auto" = a 2-D table (selection/sps2d.py) matching the cost model under
+    # roofline-2d, the 1-D table under sps; "off" = always 1-D; "roofline" or a 2-D table JSON path
     measure: str = "steady"  # "steady": full batches only (stop when the queue runs dry); "all": to the end
     progress: bool = False
 
@@ -79,6 +82,8 @@ class SimOptions:
             raise ValueError("two_branch: needs hybrid_verify 'ragged'")
         if not self.online_strength > 0:
             raise ValueError(f"online_strength: must be > 0, got {self.online_strength}")
+        if not self.sps2d:
+            raise ValueError("sps2d: 'auto', 'off', 'roofline' or a 2-D table JSON path")
         if self.online_defer < 0:
             raise ValueError(f"online_defer: must be >= 0, got {self.online_defer}")
         if self.corpus not in ("off", "shared"):
@@ -177,13 +182,19 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
         return NgramPolicy(opts.ngram_width, opts.n_min, opts.n_max, opts.window)
     if name == "hybrid":
         L = opts.hybrid_max_draft
+        if opts.sps2d == "off" or (opts.sps2d == "auto" and opts.cost != "roofline-2d"):
+            sps2d = None
+        elif opts.sps2d in ("auto", "roofline"):
+            sps2d = roofline_sps2d_table()
+        else:
+            sps2d = load_sps2d_table(opts.sps2d)
         return HybridPolicy(opts.gamma, opts.batch_size, sps, calibration if calibration is not None else
                             load_calibration(opts.calibration), n_min=opts.n_min, n_max=opts.n_max, max_draft=L,
                             window=opts.window, num_iters=opts.num_iters, enable_ngram=opts.enable_ngram,
                             max_verify_len=opts.gamma if L <= opts.gamma else 0,
                             fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None,
                             online_calibration=opts.online_calibration, online_strength=opts.online_strength,
-                            online_defer=opts.online_defer,
+                            online_defer=opts.online_defer, sps2d=sps2d,
                             two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 

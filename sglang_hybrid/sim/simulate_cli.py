@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "against its own step's commit only; default: the plugin's, 8)")
     p.add_argument("--cost", choices=("sps", "roofline-2d"), default="sps",
                    help="step cost: 1/SPS(B) from the table, or a roofline charging each request's KV (see cost.py)")
+    p.add_argument("--sps2d", default="auto",
+                   help="hybrid's price table: auto (a 2-D table matching the cost model under roofline-2d, the 1-D "
+                        "SPS table under sps), off (always 1-D), roofline, or a 2-D table JSON (selection/sps2d.py)")
     p.add_argument("--measure", choices=("steady", "all"), default="steady",
                    help="steady: count only full-batch steps (stop when the queue runs dry); all: replay to the end")
     p.add_argument("--threads", type=int, default=1,
@@ -119,7 +122,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,
         online_defer=HybridConfig.online_defer if args.online_defer is None else args.online_defer,
         calibration=args.calibration, sps_table=args.sps_table, tokenizer=args.tokenizer,
-        measure=args.measure, cost=args.cost, progress=sys.stderr.isatty() if args.progress is None else args.progress,
+        measure=args.measure, cost=args.cost, sps2d=args.sps2d, progress=sys.stderr.isatty() if args.progress is None else args.progress,
     )
 
 

@@ -189,7 +189,8 @@ def run_policy(
         wrong = np.where(ref[:, :gamma] < 0, 0, (ref[:, :gamma] + 1) % vocab_size)
         model_tok = np.where(col[None, :] < acc_m[:, None], ref[:, :gamma], wrong)
         inp = StepInput(slots, req_index[ri], torch.from_numpy(model_tok.astype(np.int32)),
-                        torch.from_numpy(np.ascontiguousarray(conf, dtype=np.float32)))
+                        torch.from_numpy(np.ascontiguousarray(conf, dtype=np.float32)),
+                        torch.tensor(float(prompt_len[ri].sum() + pos.sum())))
         out = policy.step(inp, hist)
         vl = out.verify_len.numpy().astype(np.int64)
         chain = out.tokens.numpy().astype(np.int64)

@@ -207,10 +207,11 @@ _register_dspark("hybrid_dspark_compact_no_ngram", "HYBRID_SPARK", "compact",
 _register_dspark("hybrid_dspark_static", "HYBRID_SPARK", "static", env=(_GUARD,),
                  kwargs=(("chunked_prefill_size", 16),))
 _register_dspark("hybrid_dspark_cap", "HYBRID_SPARK", "cap-accept", env=(_GUARD,))
-# compact also runs the cross-request corpus (shared, a 64Ki-entry table): the lossless suite covers it there.
+# compact also runs the cross-request corpus (shared, a 64Ki-entry table) and the 2-D SPS price (the roofline
+# model, rewritten each step for the batch's context): the lossless suite covers both there.
 _register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact",
                  env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
-                      ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 16))))
+                      ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 16)), ("SGLANG_HYBRID_SPS2D_TABLE", "roofline")))
 
 LOSSLESS_SPEC_CONFIGS: List[str] = [
     "standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3", "hybrid_spark_wide",
