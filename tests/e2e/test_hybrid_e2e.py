@@ -49,19 +49,26 @@ def test_ngram_chain_is_chosen_on_repeats_and_accepts_several_tokens(engine_pool
         assert (server["model_chain_tokens"], server["verify_window_tokens"]) == (steps, 8), server
 
 
-def test_auto_narrow_threshold_comes_from_the_sps_table_and_stays_lossless(engine_pool, prompts, hf_reference):
-    """hybrid_spark_auto_narrow: SGLANG_HYBRID_NARROW_ABOVE=auto with a steep SPS table. At the model chain's prior
-    acceptance the 8-token window does not pay above one request (auto_narrow_above gives 1), so a single request
-    verifies wide and a batch of 4 starts narrow; the metrics report the threshold and both estimates."""
-    engine = engine_pool.get("hybrid_spark_auto_narrow")
+def _narrow_steps_by_batch(engine, batch_sizes, prompts, hf_reference):
+    """Greedy batches of the given sizes, each checked against HF; the server's cumulative narrow-window step
+    count after each, and its last metrics."""
     narrow = []
-    for bs in (1, 4):
+    for bs in batch_sizes:
         rows = list(range(bs))
         sps = [{"temperature": 0, "max_new_tokens": 24, "ignore_eos": True} for _ in rows]
         outputs = engine.generate([prompts[i] for i in rows], sps)
         check_greedy(outputs, [hf_reference[i] for i in rows], sps)
         server = engine.server_info()["internal_states"][0]["hybrid_spark"]
         narrow.append(server["narrow_window_steps"])
+    return narrow, server
+
+
+def test_auto_narrow_threshold_comes_from_the_sps_table_and_stays_lossless(engine_pool, prompts, hf_reference):
+    """hybrid_spark_auto_narrow: SGLANG_HYBRID_NARROW_ABOVE=auto with a steep SPS table. At the model chain's prior
+    acceptance the 8-token window does not pay above one request (auto_narrow_above gives 1), so a single request
+    verifies wide and a batch of 4 starts narrow; the metrics report the threshold and both estimates."""
+    engine = engine_pool.get("hybrid_spark_auto_narrow")
+    narrow, server = _narrow_steps_by_batch(engine, (1, 4), prompts, hf_reference)
     assert server["narrow_above_auto"] == 1 and server["narrow_above"] >= 1, server
     assert narrow[0] == 0 and narrow[1] > 0, narrow
     assert server["accept_per_step_wide"] >= 1.0 and server["accept_per_step_narrow"] >= 1.0, server
@@ -71,14 +78,7 @@ def test_auto_narrow_threshold_comes_from_the_sps_table_and_stays_lossless(engin
 def test_window_narrows_above_the_batch_threshold_and_stays_lossless(engine_pool, prompts, hf_reference):
     """hybrid_spark_switch: window 8 while at most 2 requests run, 3 (steps + 1) above, chosen every step."""
     engine = engine_pool.get("hybrid_spark_switch")
-    narrow = []
-    for bs in (1, 4, 2, 6):
-        rows = list(range(bs))
-        sps = [{"temperature": 0, "max_new_tokens": 24, "ignore_eos": True} for _ in rows]
-        outputs = engine.generate([prompts[i] for i in rows], sps)
-        check_greedy(outputs, [hf_reference[i] for i in rows], sps)
-        server = engine.server_info()["internal_states"][0]["hybrid_spark"]
-        narrow.append(server["narrow_window_steps"])
+    narrow, server = _narrow_steps_by_batch(engine, (1, 4, 2, 6), prompts, hf_reference)
     # Batches of 1 and 2 never narrow; batches of 4 and 6 start narrow (and widen again as requests finish).
     assert narrow[0] == 0 and narrow[1] > 0 and narrow[2] == narrow[1] and narrow[3] > narrow[2], narrow
     assert server["window_switches"] >= 4 and server["verify_window_tokens"] == 8, server
