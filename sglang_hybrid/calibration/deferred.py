@@ -90,10 +90,7 @@ class DeferredScoring:
         self._one_i = torch.ones((), **i64)
         self._depth_t = torch.full((), depth, **i64)
         self._half = torch.full((), 0.5, **f32)
-        self._detf = torch.zeros(max_bs, D1, **f32)
-        self._zero = torch.zeros((), **i64)
         self._col = torch.arange(L, **i64).view(1, 1, L)
-        self._ent = torch.arange(D1, **i64).view(1, D1)
 
     def _ring_width(self, w: int) -> torch.Tensor:
         t = self._w.get(w)
