@@ -53,6 +53,8 @@ class HybridConfig:
     online_strength: float = 2.0  # its prior strength, in units of its records (larger: trust the table longer)
     online_defer: int = 8  # drafts scored against the history as it arrives, open up to this many steps; 0 =
     # against their own step's commit only (calibration/deferred.py)
+    online_bins: int = 8  # second recalibration stage, traffic level, by the estimate's value (K bins of q'
+    # in [0, 1]; corrects an over- or under-confident table's spread); 0 = off
     sps2d_table: str = ""  # DSpark worker: price with a 2-D SPS table (batch tokens x the step's KV context,
     # selection/sps2d.py): "" = DSpark's 1-D table only, "roofline" = the shipped roofline model, or a JSON path
     metrics_interval: int = 50  # decode steps between periodic log lines; 0 = never
@@ -87,6 +89,8 @@ class HybridConfig:
             raise bad("model_ema", f"must be in [0, 1], got {self.model_ema}")
         if not (self.online_strength > 0):
             raise bad("online_strength", f"must be > 0, got {self.online_strength}")
+        if not 0 <= self.online_bins <= 64:
+            raise bad("online_bins", f"must be in [0, 64] (0 = off), got {self.online_bins}")
         if self.online_defer < 0:
             raise bad("online_defer", f"must be >= 0 (0 = score against the step's commit), got {self.online_defer}")
         if self.metrics_interval < 0:

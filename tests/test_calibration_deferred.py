@@ -124,11 +124,12 @@ def test_a_draft_open_for_depth_steps_keeps_what_was_scored():
     assert float(on.expected.sum()) == 0  # nothing failed: no failure is invented for the unknown tail
 
 
-def test_online_calibration_deferred_equals_reference():
+@pytest.mark.parametrize("bins", [0, 8])
+def test_online_calibration_deferred_equals_reference(bins):
     rng = np.random.default_rng(5)
     num_slots, bs, L, depth = 6, 4, 5, 3
-    on = OnlineCalibration(num_slots, bs, L, "cpu", strength=1.5, global_decay=0.95, defer=depth)
-    ref = OnlineCalibrationRef(num_slots, L, strength=1.5, global_decay=0.95)
+    on = OnlineCalibration(num_slots, bs, L, "cpu", strength=1.5, global_decay=0.95, defer=depth, bins=bins)
+    ref = OnlineCalibrationRef(num_slots, L, strength=1.5, global_decay=0.95, bins=bins)
     dref = DeferredScoringRef(num_slots, L, depth)
     hist = _history(num_slots, 128)
     logical: dict[int, list[int]] = {}
@@ -142,26 +143,37 @@ def test_online_calibration_deferred_equals_reference():
         start = hist.lens[slots].to(torch.int64)
         q_dev, s_dev = q.clone(), torch.cumprod(q, 1)
         on.apply(slots, tokens, length, q_dev, s_dev, start=start)
+        q1 = {}
         for b, s in enumerate(slots.tolist()):
             qr, _ = ref.apply(s, tokens[b].tolist(), int(length[b]), q[b].tolist())
             np.testing.assert_allclose(q_dev[b].numpy(), qr, rtol=2e-6, atol=1e-7)
+            q1[s] = on._q1[b].tolist()  # the first stage's estimates as the device kept them (bins are exact)
         counts = torch.as_tensor(rng.integers(1, 4, size=bs), dtype=torch.int32)
         new = torch.as_tensor(rng.integers(0, 3, size=(bs, 3)), dtype=torch.int32)
         hist.append(slots, new, counts)
-        ev = {}
+        ev, bt, bo = {}, [0.0] * (L * max(bins, 1)), [0.0] * (L * max(bins, 1))
         for b, s in enumerate(slots.tolist()):
             logical[s] += new[b, : int(counts[b])].tolist()
-            ev[s] = dref.score(s, tokens[b].tolist(), int(length[b]), q[b].tolist(), int(start[b]), logical[s], 128)
+            out = dref.score(s, tokens[b].tolist(), int(length[b]), q[b].tolist(), int(start[b]), logical[s], 128,
+                             q1=q1[s], bins=bins)
+            ev[s] = out[:2]
+            if bins:
+                bt = [x + y for x, y in zip(bt, out[2])]
+                bo = [x + y for x, y in zip(bo, out[3])]
         on.update_from_history(slots, hist.tokens, hist.lens)
-        ref.add_evidence(ev)
+        ref.add_evidence(ev, (bt, bo) if bins else None)
     np.testing.assert_allclose(on.expected.numpy(), np.array(ref.E), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(on.observed.numpy(), np.array(ref.O), rtol=1e-5, atol=1e-6)
     assert float(on.observed.sum()) > 0 and float(on.expected.sum()) > 0
+    if bins:
+        np.testing.assert_allclose(on.bin_expected.numpy(), np.array(ref.BE), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(on.bin_observed.numpy(), np.array(ref.BO), rtol=1e-4, atol=1e-6)
+        assert float(on.bin_observed.sum()) > 0 and float(on.bin_expected.sum()) > 0
 
 
 def test_deferred_steps_allocate_nothing():
     bs, L = 4, 8
-    on = OnlineCalibration(8, bs, L, "cpu", defer=4)
+    on = OnlineCalibration(8, bs, L, "cpu", defer=4, bins=8)
     hist = _history(8, 64)
     slots = torch.arange(bs, dtype=torch.int64)
     hist.write_prompt(slots, torch.ones(bs, 3, dtype=torch.int32), torch.full((bs,), 3, dtype=torch.int32))

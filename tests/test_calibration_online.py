@@ -21,12 +21,13 @@ def _draft(rng, bs, L):
                       torch.as_tensor(rng.integers(0, 2, size=bs), dtype=torch.int32))
 
 
-def test_no_evidence_equals_the_shipped_calibration_exactly():
+@pytest.mark.parametrize("bins", [0, 8])
+def test_no_evidence_equals_the_shipped_calibration_exactly(bins):
     table = CalibrationTable.load_default()
     dev = DeviceCalibration(table, "cpu", backend="torch")
     rng = np.random.default_rng(0)
     bs, L = 9, 16
-    online = OnlineCalibration(12, bs, L, "cpu", strength=3.0)
+    online = OnlineCalibration(12, bs, L, "cpu", strength=3.0, bins=bins)
     for _ in range(3):
         d = _draft(rng, bs, L)
         model = torch.as_tensor(rng.integers(0, 4, size=(bs, 3)), dtype=torch.int32)
@@ -39,12 +40,12 @@ def test_no_evidence_equals_the_shipped_calibration_exactly():
         assert torch.equal(q1, q0) and torch.equal(s1, s0)
 
 
-@pytest.mark.parametrize("strength", [0.5, 2.0, 8.0])
-def test_device_module_equals_python_reference(strength):
-    rng = np.random.default_rng(int(strength * 10))
+@pytest.mark.parametrize("strength,bins", [(0.5, 0), (2.0, 0), (8.0, 0), (2.0, 8), (0.5, 4)])
+def test_device_module_equals_python_reference(strength, bins):
+    rng = np.random.default_rng(int(strength * 10) + bins)
     num_slots, bs, L = 10, 6, 8
-    dev = OnlineCalibration(num_slots, bs, L, "cpu", strength=strength, global_decay=0.9)
-    ref = OnlineCalibrationRef(num_slots, L, strength=strength, global_decay=0.9)
+    dev = OnlineCalibration(num_slots, bs, L, "cpu", strength=strength, global_decay=0.9, bins=bins)
+    ref = OnlineCalibrationRef(num_slots, L, strength=strength, global_decay=0.9, bins=bins)
     dev.reset(torch.arange(num_slots))
     for step in range(40):
         slots = torch.as_tensor(rng.permutation(num_slots)[:bs], dtype=torch.int64)
@@ -78,6 +79,10 @@ def test_device_module_equals_python_reference(strength):
     np.testing.assert_allclose(dev.global_expected.numpy(), np.array(ref.GE), rtol=1e-4)
     np.testing.assert_allclose(dev.global_observed.numpy(), np.array(ref.GO), rtol=1e-4)
     assert sum(x > 0 for x in ref.GO) >= 4  # positions got evidence: the global level is exercised
+    if bins:
+        np.testing.assert_allclose(dev.bin_expected.numpy(), np.array(ref.BE), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(dev.bin_observed.numpy(), np.array(ref.BO), rtol=1e-4, atol=1e-6)
+        assert sum(x > 0 for x in ref.BO) >= 4 and sum(x > 0 for x in ref.BE) >= 4  # several cells exercised
 
 
 def test_estimate_shrinks_towards_the_request_record():
@@ -128,7 +133,7 @@ def test_a_new_request_starts_from_the_traffic_level():
 
 def test_apply_and_update_allocate_nothing():
     bs, L = 8, 8
-    on = OnlineCalibration(16, bs, L, "cpu")
+    on = OnlineCalibration(16, bs, L, "cpu", bins=8)
     slots = torch.arange(bs, dtype=torch.int64)
     tok = torch.zeros(bs, L, dtype=torch.int32)
     length = torch.full((bs,), L, dtype=torch.int32)

@@ -35,17 +35,31 @@ class DeferredScoring:
         depth: ``D`` >= 1, drafts kept open per slot.
     """
 
-    def __init__(self, num_slots: int, max_bs: int, width: int, depth: int, device: torch.device | str) -> None:
+    def __init__(self, num_slots: int, max_bs: int, width: int, depth: int, device: torch.device | str,
+                 bins: int = 0) -> None:
         if depth < 1:
             raise ValueError(f"deferred scoring depth: must be >= 1, got {depth}")
         dev = torch.device(device)
-        self.depth, self.width = depth, width
+        self.depth, self.width, self.bins = depth, width, int(bins)
         D, L, D1 = depth, width, depth + 1
         i32, i64, f32 = (dict(dtype=t, device=dev) for t in (torch.int32, torch.int64, torch.float32))
         self.tok = torch.zeros(num_slots, D, L, **i32)
         self.q = torch.zeros(num_slots, D, L, **f32)
         self.start = torch.zeros(num_slots, D, **i64)  # history position of token 0
         self.length = torch.zeros(num_slots, D, **i64)  # 0 = free
+        # With bins: the first-stage estimates q' too (the online calibration's second stage bins by them).
+        Dq = D if bins else 1
+        self.q1 = torch.zeros(num_slots if bins else 1, Dq, L, **f32)
+        self._q1 = torch.zeros(max_bs, D1 if bins else 1, L, **f32)
+        self._rq1 = torch.zeros(max_bs, Dq, L, **f32)
+        self._bidx = torch.zeros(max_bs, D1 if bins else 1, L, **i64)
+        self._s1 = torch.zeros(max_bs, D1 if bins else 1, L, **f32)
+        self._s2 = torch.zeros(max_bs, D1 if bins else 1, L, **f32)
+        self._s3 = torch.zeros(max_bs, D1 if bins else 1, L, **f32)
+        self._kf = torch.tensor(float(max(bins, 1)), **f32)
+        self._kmax = torch.tensor(max(bins, 1) - 1, **i64)
+        self._zero_i = torch.zeros((), **i64)
+        self._coloff = torch.arange(L, **i64).view(1, 1, L) * max(bins, 1)
         self.done = torch.zeros(num_slots, D, **i64)  # leading tokens already scored (all of them matched)
         self.ptr = torch.zeros(num_slots, **i64)  # the entry the next draft takes
         # Scratch: the slot's ring plus this step's draft as column D.
@@ -106,13 +120,16 @@ class DeferredScoring:
 
     def score(self, slots: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
               start: torch.Tensor, hist_tokens: torch.Tensor, hist_lens: torch.Tensor,
-              tried_out: torch.Tensor, ok_out: torch.Tensor) -> None:
+              tried_out: torch.Tensor, ok_out: torch.Tensor, q1: torch.Tensor | None = None,
+              bin_tried_out: torch.Tensor | None = None, bin_ok_out: torch.Tensor | None = None) -> None:
         """Add this step's drafts and score every newly compared token; writes the evidence ``[bs, L]`` per slot.
 
         ``tokens / length / q / start``: this step's drafts (``[bs, L]`` int32, ``[bs]``, ``[bs, L]``, ``[bs]``
         history position of token 0). ``hist_tokens [num_slots, W]`` int32 ring (position p at column p % W) and
         ``hist_lens [num_slots]``: the history *after* this step's append. ``tried_out`` / ``ok_out [bs, L]``:
         ``q_j (1 - y_j)`` on a failed token and ``(1 - q_j) y_j`` on an accepted one, summed over the newly compared.
+        With ``bins``: ``q1 [bs, L]`` this step's first-stage estimates, and ``bin_tried_out`` / ``bin_ok_out
+        [bins]`` the same sums scored with ``q1`` and gathered by the bin of ``q1`` (``bin_evidence``).
         """
         bs, L = tokens.shape
         D, W = self.depth, hist_tokens.shape[1]
@@ -128,6 +145,11 @@ class DeferredScoring:
         st[:, D].copy_(start)
         ln[:, D].copy_(length)
         done[:, D].fill_(0)
+        if self.bins:
+            q1g = self._q1[:bs]
+            torch.index_select(self.q1, 0, s, out=self._rq1[:bs])
+            q1g[:, :D].copy_(self._rq1[:bs])
+            q1g[:, D].copy_(q1)
         ptr = self._ptr[:bs]
         torch.index_select(self.ptr, 0, s, out=ptr)
         # known = tokens of the history past each draft's start; a token is compared iff j < min(len, known)
@@ -176,6 +198,14 @@ class DeferredScoring:
         newf = self._newf[:bs]
         torch.ge(self._col, done.unsqueeze(2), out=self._new[:bs])
         newf.copy_(self._new[:bs])
+        if self.bins:
+            f1, o1 = self._s1[:bs], self._s2[:bs]
+            torch.mul(tmp, newf, out=f1)
+            torch.mul(ok, newf, out=o1)
+            bidx = self._bidx[:bs]
+            bin_index(q1g, self._kf, self._zero_i, self._kmax, tmp, bidx, self._coloff)
+            bin_evidence(f1, o1, q1g, bidx, tmp, self._s3[:bs], bin_tried_out, bin_ok_out, self._one)
+            torch.sub(tried, ok, out=tmp)  # tmp was scratch above: 1 at the failed token again
         tmp.mul_(qq)  # q (1 - y) on the failed token
         tmp.mul_(newf)
         torch.sum(tmp, 1, out=tried_out)
@@ -197,6 +227,11 @@ class DeferredScoring:
         ring_st.scatter_(1, ix2, st[:, D:])
         ring_ln.scatter_(1, ix2, ln[:, D:])
         ring_done.scatter_(1, ix2, done[:, D:])
+        if self.bins:
+            ring_q1 = q1g[:, :D]
+            ring_q1.scatter_(1, ix, q1g[:, D:])
+            self._rq1[:bs].copy_(ring_q1)
+            self.q1.index_copy_(0, s, self._rq1[:bs])
         ptr.add_(self._one_i)
         ptr.remainder_(self._depth_t)
         for ring, rs, part in ((self.tok, self._rtok, ring_tok), (self.q, self._rq, ring_q),
@@ -205,6 +240,29 @@ class DeferredScoring:
             rs[:bs].copy_(part)
             ring.index_copy_(0, s, rs[:bs])
         self.ptr.index_copy_(0, s, ptr)
+
+
+def bin_index(q: torch.Tensor, k_f: torch.Tensor, zero_i: torch.Tensor, kmax: torch.Tensor, scratch: torch.Tensor,
+              out: torch.Tensor, col_offset: torch.Tensor) -> None:
+    """The cell of each token: ``j K + clamp(floor(q K), 0, K - 1)`` (int64; ``col_offset`` = ``j K`` along the
+    last dimension), with ``scratch`` a float buffer of q's shape."""
+    torch.mul(q, k_f, out=scratch)
+    scratch.floor_()
+    out.copy_(scratch)
+    torch.clamp(out, zero_i, kmax, out=out)
+    out.add_(col_offset)
+
+
+def bin_evidence(fail: torch.Tensor, ok: torch.Tensor, q1: torch.Tensor, bidx: torch.Tensor, scratch: torch.Tensor,
+                 scratch2: torch.Tensor, bin_e: torch.Tensor, bin_o: torch.Tensor, one: torch.Tensor) -> None:
+    """Sums by bin: ``bin_e[k] = sum q1 fail``, ``bin_o[k] = sum (1 - q1) ok`` over tokens in bin ``k``."""
+    torch.mul(fail, q1, out=scratch)
+    bin_e.zero_()
+    bin_e.index_add_(0, bidx.reshape(-1), scratch.reshape(-1))
+    torch.sub(one, q1, out=scratch2)
+    scratch2.mul_(ok)
+    bin_o.zero_()
+    bin_o.index_add_(0, bidx.reshape(-1), scratch2.reshape(-1))
 
 
 class DeferredScoringRef:
@@ -220,15 +278,19 @@ class DeferredScoringRef:
         self.ptr[slot] = 0
 
     def score(self, slot: int, tokens: list[int], length: int, q: list[float], start: int, history: list[int],
-              ring_width: int) -> tuple[list[float], list[float]]:
-        """``history``: the slot's whole logical history after the append (the last ``ring_width`` readable)."""
+              ring_width: int, q1: list[float] | None = None, bins: int = 0):
+        """``history``: the slot's whole logical history after the append (the last ``ring_width`` readable).
+        Returns ``(tried, ok)``, and with ``bins`` also the sums scored with ``q1`` by its bin."""
         L, hlen = self.width, len(history)
         tried, ok = [0.0] * L, [0.0] * L
-        entries = self.ring[slot] + [[list(tokens), list(q), int(start), int(length), 0]]
+        bt, bo = [0.0] * (max(bins, 1) * L), [0.0] * (max(bins, 1) * L)
+        entries = self.ring[slot] + [[list(tokens), list(q), int(start), int(length), 0,
+                                      list(q1) if q1 is not None else [0.0] * L]]
         for d, e in enumerate(entries):
             if e is None:
                 continue
-            tok, qe, st, ln, done = e
+            tok, qe, st, ln, done, q1e = e
+            kb = [j * bins + min(max(int(x * bins // 1), 0), bins - 1) if bins else 0 for j, x in enumerate(q1e)]
             known = hlen - st
             failed = False
             for j in range(min(ln, known)):
@@ -238,10 +300,12 @@ class DeferredScoringRef:
                 if history[p] != tok[j]:
                     if j >= done:
                         tried[j] += qe[j]
+                        bt[kb[j]] += q1e[j]
                     failed = True
                     break
                 if j >= done:
                     ok[j] += 1.0 - qe[j]
+                    bo[kb[j]] += 1.0 - q1e[j]
             e[4] = max(0, min(ln, known))
             if failed or known >= ln:
                 e[3] = 0
@@ -250,4 +314,4 @@ class DeferredScoringRef:
         p = self.ptr[slot]
         self.ring[slot][p] = entries[-1] if entries[-1][3] > 0 else None
         self.ptr[slot] = (p + 1) % self.depth
-        return tried, ok
+        return (tried, ok, bt, bo) if bins else (tried, ok)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from .deferred import DEFAULT_DEPTH, DeferredScoring
+from .deferred import DEFAULT_DEPTH, DeferredScoring, bin_evidence, bin_index
 
 DEFAULT_STRENGTH = 2.0
 DEFAULT_GLOBAL_DECAY = 0.999  # per decode step: the traffic-level record remembers about the last 1000 steps
@@ -61,11 +61,16 @@ class OnlineCalibration:
         defer: 0: ``update`` scores each draft against its own step's commit; ``D`` > 0: drafts are scored
             against the history as it arrives, kept open up to ``D`` steps (``deferred.py``), with
             ``apply(..., start=)`` and ``update_from_history`` in place of ``update``.
+        bins: ``K`` > 0: a second, traffic-level stage by the recalibrated estimate's value (``K`` equal bins of
+            ``q'`` in [0, 1]): ``q'' = odds(q') * (BO_k + s) / (BE_k + s)`` from the same sums as ``E`` / ``O``
+            but scored with ``q'`` and kept per bin (decayed like the traffic level). The first stage fixes the
+            level by position and request and keeps the table's spread; where the table is over-confident
+            (its 0.9s are 0.82s and its 0.2s are 0.35s, as on chat) the bins correct the spread. 0 = off.
     """
 
     def __init__(self, num_slots: int, max_bs: int, width: int, device: torch.device | str,
                  strength: float = DEFAULT_STRENGTH, global_decay: float = DEFAULT_GLOBAL_DECAY,
-                 defer: int = 0) -> None:
+                 defer: int = 0, bins: int = 0) -> None:
         if not strength > 0:
             raise ValueError(f"online calibration strength: must be > 0, got {strength}")
         if not 0.0 <= global_decay <= 1.0:
@@ -109,7 +114,27 @@ class OnlineCalibration:
         self._col = torch.arange(width, dtype=torch.int64, device=self.device).view(1, width)
         if defer < 0:
             raise ValueError(f"online calibration defer: must be >= 0, got {defer}")
-        self.deferred = DeferredScoring(num_slots, max_bs, width, defer, self.device) if defer else None
+        if bins < 0:
+            raise ValueError(f"online calibration bins: must be >= 0, got {bins}")
+        self.bins = int(bins)
+        self.deferred = DeferredScoring(num_slots, max_bs, width, defer, self.device, bins=self.bins) \
+            if defer else None
+        K = max(self.bins, 1)
+        KL = K * width  # cells: position j, bin k of q' (position-major), so the bins correct the spread within a
+        # position and never pull one position's level towards another's
+        self.bin_expected = torch.zeros(KL, **f32)  # BE: sum q' (1 - y) over tried tokens, by bin of q'
+        self.bin_observed = torch.zeros(KL, **f32)  # BO: sum (1 - q') y
+        self._bin_ratio = torch.zeros(KL, **f32)
+        self._bin_tmp = torch.zeros(KL, **f32)
+        self._bin_e = torch.zeros(KL, **f32)
+        self._bin_o = torch.zeros(KL, **f32)
+        self._coloff = torch.arange(width, dtype=torch.int64, device=self.device).view(1, width) * K
+        self._q1 = torch.zeros(max_bs, width, **f32)  # this step's first-stage estimates q'
+        self._bidx = torch.zeros(max_bs, width, dtype=torch.int64, device=self.device)
+        self._rb = torch.zeros(max_bs, width, **f32)
+        self._kf = torch.tensor(float(K), **f32)
+        self._kmax = torch.tensor(K - 1, dtype=torch.int64, device=self.device)
+        self._zero_i = torch.zeros((), dtype=torch.int64, device=self.device)
         self._start = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
 
     def reset(self, slots: torch.Tensor) -> None:
@@ -168,6 +193,19 @@ class OnlineCalibration:
         f.add_(self._one)
         torch.div(r, f, out=f)  # exactly 1 where r == 1
         q.mul_(f)
+        if self.bins:  # second stage: the odds of q' times its bin's ratio
+            bidx, rb, kb = self._bidx[:bs], self._rb[:bs], self._bin_ratio
+            self._q1[:bs].copy_(q)
+            bin_index(q, self._kf, self._zero_i, self._kmax, rb, bidx, self._coloff)
+            torch.add(self.bin_observed, sv, out=kb)
+            torch.add(self.bin_expected, sv, out=self._bin_tmp)
+            kb.div_(self._bin_tmp)  # (BO_k + s) / (BE_k + s): exactly 1 with no evidence
+            torch.index_select(kb, 0, bidx.view(-1), out=rb.view(-1))
+            torch.sub(rb, self._one, out=self._r[:bs])
+            self._r[:bs].mul_(q).add_(self._one)
+            rb.div_(self._r[:bs])  # the second factor, exactly 1 where the ratio is 1
+            q.mul_(rb)
+            f.mul_(rb)
         torch.cumprod(f, 1, out=r)
         survival.mul_(r)
 
@@ -200,7 +238,11 @@ class OnlineCalibration:
         torch.mul(pref[:, :L], inside_f, out=tried)
         torch.mul(pref[:, 1:], inside_f, out=ok)
         qb, miss = self._q[:bs], self._r[:bs]
-        tried.sub_(ok).mul_(qb)  # q (1 - y) over tried tokens
+        tried.sub_(ok)  # 1 at the failed token
+        if self.bins:
+            bin_evidence(tried, ok, self._q1[:bs], self._bidx[:bs], self._rb[:bs], miss, self._bin_e, self._bin_o,
+                         self._one)
+        tried.mul_(qb)  # q (1 - y) over tried tokens
         torch.sub(self._one, qb, out=miss)
         ok.mul_(miss)  # (1 - q) y
         self._add(s, tried, ok)
@@ -216,13 +258,18 @@ class OnlineCalibration:
         s.copy_(slots)
         tried, ok = self._e[:bs], self._o[:bs]
         self.deferred.score(s, self._tok[:bs], self._len[:bs], self._q[:bs], self._start[:bs], hist_tokens,
-                            hist_lens, tried, ok)
+                            hist_lens, tried, ok, q1=self._q1[:bs] if self.bins else None,
+                            bin_tried_out=self._bin_e, bin_ok_out=self._bin_o)
         self._add(s, tried, ok)
 
     def _add(self, s: torch.Tensor, tried: torch.Tensor, ok: torch.Tensor) -> None:
         """Add one step's evidence ``[bs, L]`` to the slots' records and (decayed) to the traffic's."""
         self.expected.index_add_(0, s, tried)
         self.observed.index_add_(0, s, ok)
+        if self.bins:
+            for glob, rec in ((self.bin_expected, self._bin_e), (self.bin_observed, self._bin_o)):
+                glob.mul_(self._decay)
+                glob.add_(rec)
         for glob, rec in ((self.global_expected, tried), (self.global_observed, ok)):
             glob.mul_(self._decay)
             torch.sum(rec, 0, out=self._gtmp)
@@ -233,54 +280,74 @@ class OnlineCalibrationRef:
     """Plain-Python definition of :class:`OnlineCalibration` (lists of floats; for the tests)."""
 
     def __init__(self, num_slots: int, width: int, strength: float = DEFAULT_STRENGTH,
-                 global_decay: float = DEFAULT_GLOBAL_DECAY) -> None:
+                 global_decay: float = DEFAULT_GLOBAL_DECAY, bins: int = 0) -> None:
         self.s = float(strength)
         self.decay = float(global_decay)
         self.width = width
+        self.bins = bins
         self.E = [[0.0] * width for _ in range(num_slots)]
         self.O = [[0.0] * width for _ in range(num_slots)]
         self.GE = [0.0] * width
         self.GO = [0.0] * width
-        self.pending: dict[int, tuple[list[int], int, list[float]]] = {}
+        self.BE = [0.0] * (max(bins, 1) * width)
+        self.BO = [0.0] * (max(bins, 1) * width)
+        self.pending: dict[int, tuple[list[int], int, list[float], list[float]]] = {}
 
     def reset(self, slot: int) -> None:
         self.E[slot] = [0.0] * self.width
         self.O[slot] = [0.0] * self.width
 
+    def bin_of(self, j: int, x: float) -> int:
+        return j * self.bins + min(max(int(x * self.bins // 1), 0), self.bins - 1)
+
     def apply(self, slot: int, tokens: list[int], length: int, q: list[float]) -> tuple[list[float], list[float]]:
         """(recalibrated q, survivals) for one request's draft; the survivals are the table's running product
-        of ``q`` times the running product of the factors ``q'_j / q_j``."""
-        self.pending[slot] = (list(tokens), int(length), list(q))
+        of ``q`` times the running product of the factors ``q'_j / q_j``. ``self.q1[slot]``: the first stage's."""
         E, O, s = self.E[slot], self.O[slot], self.s
         G = (sum(self.GO) + s) / (sum(self.GE) + s)
         g = [(go + s * G) / (ge + s) for go, ge in zip(self.GO, self.GE)]
         R = (sum(O) + s) / (sum(e * gj for e, gj in zip(E, g)) + s)
-        q_new, surv, base, fac = [], [], 1.0, 1.0
+        q_new, q1, surv, base, fac = [], [], [], 1.0, 1.0
         for j, qj in enumerate(q):
             r = (O[j] + s * R * g[j]) / (E[j] + s)
             f = r / (1.0 + qj * (r - 1.0))
-            q_new.append(qj * f)
+            q1j = qj * f
+            q1.append(q1j)
+            if self.bins:
+                k = self.bin_of(j, q1j)
+                rb = (self.BO[k] + s) / (self.BE[k] + s)
+                f2 = rb / (1.0 + q1j * (rb - 1.0))
+                f *= f2
+            q_new.append(qj * f if not self.bins else q1j * f2)
             base *= qj
             fac *= f
             surv.append(base * fac)
+        self.pending[slot] = (list(tokens), int(length), list(q), q1)
         return q_new, surv
 
     def update(self, committed_by_slot: dict[int, list[int]]) -> None:
         """One step's verify results: ``{slot: committed tokens}`` for every slot ``apply`` saw this step."""
         evidence = {}
+        bt, bo = [0.0] * (max(self.bins, 1) * self.width), [0.0] * (max(self.bins, 1) * self.width)
         for slot, committed in committed_by_slot.items():
-            tokens, length, q = self.pending.pop(slot)
+            tokens, length, q, q1 = self.pending.pop(slot)
             tried, ok = [0.0] * self.width, [0.0] * self.width
             for j in range(min(length, len(committed), self.width)):
                 if tokens[j] != committed[j]:
                     tried[j] = q[j]
+                    if self.bins:
+                        bt[self.bin_of(j, q1[j])] += q1[j]
                     break
                 ok[j] = 1.0 - q[j]
+                if self.bins:
+                    bo[self.bin_of(j, q1[j])] += 1.0 - q1[j]
             evidence[slot] = (tried, ok)
-        self.add_evidence(evidence)
+        self.add_evidence(evidence, (bt, bo) if self.bins else None)
 
-    def add_evidence(self, evidence_by_slot: dict[int, tuple[list[float], list[float]]]) -> None:
-        """One step's evidence ``{slot: (q (1 - y) by position, (1 - q) y by position)}``."""
+    def add_evidence(self, evidence_by_slot: dict[int, tuple[list[float], list[float]]],
+                     bin_evidence: tuple[list[float], list[float]] | None = None) -> None:
+        """One step's evidence ``{slot: (q (1 - y) by position, (1 - q) y by position)}``, and with bins the
+        step's ``(sum q' (1 - y), sum (1 - q') y)`` by bin."""
         tried_sum, ok_sum = [0.0] * self.width, [0.0] * self.width
         for slot, (tried, ok) in evidence_by_slot.items():
             self.pending.pop(slot, None)
@@ -291,3 +358,6 @@ class OnlineCalibrationRef:
                 ok_sum[j] += ok[j]
         self.GE = [self.decay * a + b for a, b in zip(self.GE, tried_sum)]
         self.GO = [self.decay * a + b for a, b in zip(self.GO, ok_sum)]
+        if self.bins and bin_evidence is not None:
+            self.BE = [self.decay * a + b for a, b in zip(self.BE, bin_evidence[0])]
+            self.BO = [self.decay * a + b for a, b in zip(self.BO, bin_evidence[1])]

@@ -145,7 +145,7 @@ class HybridPolicy:
                  max_draft: int = 7, window: int = 0, num_iters: int = 2, enable_ngram: bool = True,
                  max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None,
                  online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
-                 online_defer: int = DEFAULT_DEPTH, sps2d: Optional[Sps2DTable] = None, two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21) -> None:
+                 online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None, two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -169,7 +169,8 @@ class HybridPolicy:
         self.q = torch.zeros(max_bs, max_draft, dtype=torch.float32)
         self.surv = torch.zeros(max_bs, max_draft, dtype=torch.float32)
         # Per-request recalibration (the simulator's slots are 0..max_bs-1), as HybridStep runs it.
-        self.online = OnlineCalibration(max_bs, max_bs, max_draft, "cpu", online_strength, defer=online_defer) \
+        self.online = OnlineCalibration(max_bs, max_bs, max_draft, "cpu", online_strength, defer=online_defer,
+                                        bins=online_bins) \
             if online_calibration else None
         # The cross-request corpus, as HybridStep builds it (shared: the simulator has one tenant).
         self.corpus, self.corpus_cand = make_step_corpus(

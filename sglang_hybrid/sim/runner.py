@@ -49,6 +49,7 @@ class SimOptions:
     online_calibration: bool = HybridConfig.online_calibration  # per-request recalibration (calibration/online.py)
     online_strength: float = HybridConfig.online_strength
     online_defer: int = HybridConfig.online_defer  # drafts scored against the history as it arrives (deferred.py)
+    online_bins: int = HybridConfig.online_bins  # the recalibration's second stage, by the estimate's value
     corpus: str = HybridConfig.corpus  # hybrid: the cross-request corpus, "off" or "shared" (one tenant here)
     corpus_entries: int = HybridConfig.corpus_entries
     two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
@@ -194,7 +195,7 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
                             max_verify_len=opts.gamma if L <= opts.gamma else 0,
                             fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None,
                             online_calibration=opts.online_calibration, online_strength=opts.online_strength,
-                            online_defer=opts.online_defer, sps2d=sps2d,
+                            online_defer=opts.online_defer, online_bins=opts.online_bins, sps2d=sps2d,
                             two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 

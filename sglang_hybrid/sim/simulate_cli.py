@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the shipped calibration table alone")
     n.add_argument("--online-strength", type=float, default=None,
                    help="prior strength of the recalibration (larger: trust the table longer; default: the plugin's)")
+    n.add_argument("--online-bins", type=int, default=None,
+                   help="bins of the recalibration's second, traffic-level stage by the estimate's value (0: off; "
+                        "default: the plugin's, 8)")
     n.add_argument("--online-defer", type=int, default=None,
                    help="steps an n-gram draft stays open to be scored against the history as it arrives (0: "
                         "against its own step's commit only; default: the plugin's, 8)")
@@ -121,6 +124,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,
         online_defer=HybridConfig.online_defer if args.online_defer is None else args.online_defer,
+        online_bins=HybridConfig.online_bins if args.online_bins is None else args.online_bins,
         calibration=args.calibration, sps_table=args.sps_table, tokenizer=args.tokenizer,
         measure=args.measure, cost=args.cost, sps2d=args.sps2d, progress=sys.stderr.isatty() if args.progress is None else args.progress,
     )
