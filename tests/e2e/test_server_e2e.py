@@ -269,9 +269,22 @@ def test_sglang_bench_serving_completes_and_reports_the_servers_accept_length(
 ):
     res = _bench(hybrid, tiny_models, backend, str(tmp_path / "bench.jsonl"))
     assert res["completed"] == 4, {k: v for k, v in res.items() if k != "_stdout"}
-    state = hybrid.internal_state()  # the server is idle again: the lifetime average has not moved
-    assert res["accept_length"] is not None and res["accept_length"] == pytest.approx(state["avg_spec_accept_length"])
-    assert re.search(r"Accept length:\s+[0-9.]+", res["_stdout"]), res["_stdout"][-2000:]
+    # bench_serving asks /server_info right after its last response. Under the overlap scheduler the batch
+    # launched before that response was processed (one overshoot tick, finished rows included) may still be
+    # counted afterwards, so the lifetime average can move by a step or two after the client read it (seen in
+    # CI: 159/49 read by the client, 164/51 once idle). Compare with the settled value, to within that.
+    state, prev = hybrid.internal_state(), None
+    for _ in range(20):
+        if prev is not None and state["avg_spec_accept_length"] == prev:
+            break
+        prev = state["avg_spec_accept_length"]
+        time.sleep(0.25)
+        state = hybrid.internal_state()
+    assert res["accept_length"] is not None and 1.0 < res["accept_length"] <= 4.0, res["accept_length"]
+    assert res["accept_length"] == pytest.approx(state["avg_spec_accept_length"], rel=0.05)
+    printed = re.search(r"Accept length:\s+([0-9.]+)", res["_stdout"])
+    assert printed, res["_stdout"][-2000:]
+    assert float(printed.group(1)) == pytest.approx(res["accept_length"], abs=0.006)  # printed with 2 decimals
 
 
 def test_server_info_and_prometheus_carry_the_speculative_metrics(hybrid):
