@@ -75,3 +75,52 @@ def test_cli_json_and_errors(tmp_path: Path, capsys) -> None:
     assert "suffix" in capsys.readouterr().err
     assert rd.main(["--workload", str(p), "--corpus-entries", "1000"]) == 2
     assert "entries" in capsys.readouterr().err
+
+
+def test_combined_local_corpus_drafts_a_one_token_context_from_the_prompt() -> None:
+    """"1" is followed by "8" three times in the prompt; in the output it follows "2" and "5", contexts of two
+    tokens the prompt never saw, so the per-request n-gram (n >= 2) has nothing, and the shared corpus (which
+    holds only this request's output so far) has "1 -> 8" only for the second one. The per-request corpus
+    (frequency, order 1, prompt included) drafts "8" both times."""
+    req = ([1, 8, 4, 1, 8, 6, 1, 8, 3], [2, 1, 8, 5, 1, 8, 7])
+    on = rd.replay([req], "combined", 8, opts=rd.CombinedOptions(local=True))
+    off = rd.replay([req], "combined", 8, opts=rd.CombinedOptions(local=False))
+    assert off["per_request_steps"] == [6]  # the second "8", drafted by the shared corpus
+    assert on["per_request_steps"] == [5]
+
+
+def test_combined_cap_by_match_bounds_the_per_request_ngram() -> None:
+    """After "1 2" (a 2-token match into the prompt) the per-request n-gram would copy 8 tokens; capped at
+    ``cap_by_match`` x its match length it proposes 2 (1.0) or 4 (2.0), and every n-gram draft of the run stays
+    within the cap of its own match length. Local corpus off; the price is near 0 so only the cap cuts."""
+    req = ([1, 2, 10, 11, 12, 13, 14, 15, 16, 17], [9, 1, 2, 10, 11, 12, 13, 14, 15, 16, 17])
+    first = {}
+    for cap in (0.0, 1.0, 2.0):
+        rep = rd._Replayer("combined", 8, 64, CorpusConfig(entries=1 << 10),
+                           rd.CombinedOptions(local=False, cap_by_match=cap, min_survival=1e-6))
+        seen = []
+        orig = rep._propose
+
+        def spy(orig=orig, seen=seen, rep=rep):
+            d = orig()
+            if d[0] and not d[1]:  # a non-empty draft from the per-request n-gram
+                seen.append((len(d[0]), int(rep._cands[0].match_len[0])))
+            return d
+
+        rep._propose = spy
+        rep.run([req])
+        assert seen, cap
+        first[cap] = seen[0]
+        if cap:
+            assert all(n <= int(cap * ml) for n, ml in seen), (cap, seen)
+    assert first == {0.0: (8, 2), 1.0: (2, 2), 2.0: (4, 2)}, first
+
+
+def test_combined_options_are_checked(tmp_path: Path, capsys) -> None:
+    p = _write(tmp_path, "w", [([1, 2, 3], [1, 2, 3, 1, 2, 3])])
+    for argv, needle in ((["--cap-by-match", "-1"], "--cap-by-match"), (["--min-survival", "0"], "--min-survival"),
+                         (["--combined-n-max", "1"], "--combined-n-max"), (["--corpus-tau", "2"], "tau")):
+        assert rd.main(["--workload", str(p), *argv]) == 2, argv
+        assert needle in capsys.readouterr().err, argv
+    with pytest.raises(ValueError, match="cap-sources"):
+        rd.replay([([1], [1, 2])], "combined", 4, opts=rd.CombinedOptions(cap_sources="corpus"))

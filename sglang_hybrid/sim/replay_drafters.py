@@ -10,11 +10,20 @@ proposed tokens per step, accepted per step and the share of steps with at least
 Drafters (the project's own code on CPU, torch backends; no SGLang import):
   ngram     the per-request n-gram drafter (``TokenHistory.lookup``, n 2-8, window 0, max_draft K);
   corpus    the cross-request corpus alone (``NgramCorpus.lookup``; draft length set by its confidence);
-  combined  both candidates, each priced by its online-calibrated survival (``calibration/candidate_online.py``:
-            priors from the shipped n-gram table and from the corpus's own q, corrected by the verify
-            outcomes seen so far), each cut where the survival falls below ``min_survival`` (the price of a
-            verified token), and per step the one with the higher expected accepted length proposed. This is
-            the choice the worker makes between the two sources.
+  combined  up to three candidates: the per-request n-gram (recency, suffixes up to ``n_max`` 32), the shared
+            corpus (frequency, earlier requests' outputs and the running one's) and, with ``local`` (default),
+            a per-request corpus (frequency over the request's own prompt and output, every order down to 1:
+            SuffixDecoding's per-request tree). Each is priced by its online-calibrated survival
+            (``calibration/candidate_online.py``: priors from the shipped n-gram table and from the corpora's
+            own q, corrected by the verify outcomes seen so far) and cut where the survival falls below
+            ``min_survival`` (the price of a proposed token; 0.1 = SuffixDecoding's ``min_token_prob``); the
+            per-request n-gram, which copies a whole continuation after one suffix match, is also cut at
+            ``cap_by_match`` times its match length (SuffixDecoding's ``max_spec_factor``; the corpora's walks
+            re-check their evidence at every drafted token, so ``cap_sources="ngram"`` leaves them uncapped).
+            Per step the candidate with the higher expected accepted length is proposed.
+
+The combination is the worker's choice between sources, with the peer's proposal rules in place of the SPS
+price (which has no meaning without a batch): the worker prices chains against the model chain instead.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import torch
@@ -31,7 +40,7 @@ import torch
 from ..ngram import NgramConfig, TokenHistory
 from ..ngram.corpus import CorpusConfig, NgramCorpus
 
-__all__ = ["load_workload", "replay", "DRAFTERS", "main"]
+__all__ = ["load_workload", "replay", "CombinedOptions", "DRAFTERS", "main"]
 
 DRAFTERS = ("ngram", "corpus", "combined")
 
@@ -65,6 +74,30 @@ def load_workload(path: str, limit: int = 0) -> list[tuple[list[int], list[int]]
     return [(list(r["prompt_ids"]), list(r["output_ids"])) for r in recs if len(r["output_ids"]) >= 1]
 
 
+@dataclass(frozen=True)
+class CombinedOptions:
+    """Settings of the ``combined`` drafter (see the module docstring)."""
+
+    min_survival: float = 0.1
+    n_max: int = 32
+    local: bool = True
+    cap_by_match: float = 1.0
+    cap_sources: str = "ngram"  # "ngram" (the per-request n-gram only) or "all"
+    corpus_tau: float = 0.05  # the corpora's kernel-side cut; the calibrated price cuts after it
+
+    def validate(self) -> None:
+        if not 0.0 < self.min_survival <= 1.0:
+            raise ValueError(f"--min-survival must be in (0, 1], got {self.min_survival}")
+        if not 2 <= self.n_max <= 32:
+            raise ValueError(f"--combined-n-max must be in [2, 32], got {self.n_max}")
+        if self.cap_by_match < 0:
+            raise ValueError(f"--cap-by-match must be >= 0 (0 = no cap), got {self.cap_by_match}")
+        if self.cap_sources not in ("ngram", "all"):
+            raise ValueError(f"--cap-sources must be 'ngram' or 'all', got {self.cap_sources!r}")
+        if not 0.0 < self.corpus_tau <= 1.0:
+            raise ValueError(f"--corpus-tau must be in (0, 1], got {self.corpus_tau}")
+
+
 @dataclass
 class _Tally:
     steps: int = 0
@@ -80,20 +113,26 @@ class _Replayer:
     """One drafter over one workload at one K; a single history slot reused request after request."""
 
     def __init__(self, drafter: str, K: int, width: int, corpus_cfg: CorpusConfig,
-                 min_survival: float = 0.2, combined_n_max: int = 8) -> None:
+                 opts: CombinedOptions = CombinedOptions()) -> None:
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
-        self.drafter, self.K = drafter, K
+        self.drafter, self.K, self.opts = drafter, K, opts
         self.hist = TokenHistory(1, width, "cpu", backend="torch", max_batch_size=1, max_draft=K)
-        n_max = combined_n_max if drafter == "combined" else 8
+        n_max = opts.n_max if drafter == "combined" else 8
         self.cfg = NgramConfig(n_min=2, n_max=n_max, max_draft=K, window=0)
         self.slot = torch.zeros(1, dtype=torch.int64)
         self.tenant = torch.zeros(1, dtype=torch.int32)  # = request index with isolation "tenant"
         self.new = torch.zeros((1, K + 1), dtype=torch.int32)
         self.cnt = torch.zeros(1, dtype=torch.int32)
-        self.corpus = None
+        self.corpus = self.local = None
+        if drafter == "combined":
+            corpus_cfg = replace(corpus_cfg, tau=opts.corpus_tau)
         if drafter != "ngram":
             self.corpus = NgramCorpus(corpus_cfg, "cpu", backend="torch", max_batch_size=1, max_draft=K)
+        if drafter == "combined" and opts.local:
+            # Its own table (a deployment would key it by a per-request tenant in the shared one); prompts in.
+            lcfg = replace(corpus_cfg, isolation="tenant", insert_prompts=True, entries=1 << 18)
+            self.local = NgramCorpus(lcfg, "cpu", backend="torch", max_batch_size=1, max_draft=K)
         self.cal = None
         if drafter == "combined":
             from ..calibration import CalibrationTable
@@ -101,12 +140,12 @@ class _Replayer:
             from ..calibration.candidate_online import OnlineCalibration
 
             self.cal = CalibrationTable.load_default().to_device("cpu")
-            self.online = OnlineCalibration(K, "cpu")
-            self.prior = [torch.zeros((1, K), dtype=torch.float32) for _ in range(2)]
-            self.q = [torch.zeros((1, K), dtype=torch.float32) for _ in range(2)]
-            self.surv = [torch.zeros((1, K), dtype=torch.float32) for _ in range(2)]
+            ns = 3 if self.local is not None else 2
+            self.online = OnlineCalibration(K, "cpu", sources=ns)
+            self.prior = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
+            self.q = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
+            self.surv = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
             self._scratch = torch.zeros((1, K), dtype=torch.float32)
-        self.min_survival = min_survival
         self._cands: tuple = ()
 
     def _propose(self) -> tuple[list[int], bool]:
@@ -120,20 +159,29 @@ class _Replayer:
             return ng.tokens[0, : int(ng.length[0])].tolist(), False
         if self.drafter == "corpus":
             return cp.tokens[0, : int(cp.length[0])].tolist(), True
-        # Both candidates priced by their online-calibrated survival; each is cut where the survival falls
-        # below min_survival (the price of a verified token), and the one with more expected tokens wins.
+        # Every candidate priced by its online-calibrated survival; each is cut where the survival falls
+        # below min_survival (the price of a proposed token) and, where capped, at cap_by_match times its
+        # match length; the one with more expected tokens wins (ties: the earlier source).
+        o = self.opts
         self.cal.apply(ng, None, self.prior[0], self._scratch)
         self.prior[1].copy_(cp.q.float() / 65536.0)
+        cands = [ng, cp]
+        if self.local is not None:
+            lp = self.local.lookup(self.hist, self.slot, self.tenant)
+            self.prior[2].copy_(lp.q.float() / 65536.0)
+            cands.append(lp)
         best, pick = 0.0, None
-        for src, d in enumerate((ng, cp)):
+        for src, d in enumerate(cands):
             self.online.estimate(src, d.length, d.match_len, d.match_count, self.prior[src], self.q[src],
                                  self.surv[src])
             sv = self.surv[src][0]
-            keep = int((sv >= self.min_survival).sum())
+            keep = int((sv >= o.min_survival).sum())
+            if o.cap_by_match > 0 and (src == 0 or o.cap_sources == "all"):
+                keep = min(keep, int(o.cap_by_match * int(d.match_len[0]) + 1e-6))
             e = float(sv[:keep].sum())
             if keep and e > best:
-                best, pick = e, (d.tokens[0, :keep].tolist(), src == 1)
-        self._cands = (ng, cp)
+                best, pick = e, (d.tokens[0, :keep].tolist(), src >= 1)
+        self._cands = tuple(cands)
         return pick if pick is not None else ([], False)
 
     def _learn(self) -> None:
@@ -151,6 +199,9 @@ class _Replayer:
             if self.corpus is not None and self.corpus.cfg.insert_prompts and prompt:
                 self.corpus.insert_prompt(self.hist, self.slot, torch.tensor([len(prompt)], dtype=torch.int32),
                                           self.tenant)
+            if self.local is not None and prompt:
+                self.local.insert_prompt(self.hist, self.slot, torch.tensor([len(prompt)], dtype=torch.int32),
+                                         self.tenant)
             pos, steps, olen = 0, 0, len(out)
             while pos < olen:
                 draft, from_corpus = self._propose()
@@ -165,6 +216,8 @@ class _Replayer:
                     self._learn()
                 if self.corpus is not None:
                     self.corpus.insert(self.hist, self.slot, self.cnt, self.tenant)
+                if self.local is not None:
+                    self.local.insert(self.hist, self.slot, self.cnt, self.tenant)
                 steps += 1
                 t.proposed += len(draft)
                 t.accepted += acc
@@ -178,15 +231,17 @@ class _Replayer:
 
 
 def replay(recs: Sequence[tuple[list[int], list[int]]], drafter: str, K: int,
-           corpus_cfg: Optional[CorpusConfig] = None, min_survival: float = 0.2, combined_n_max: int = 8) -> dict:
-    """Replay one drafter at one K; returns the figures (plus ``per_request_steps``)."""
+           corpus_cfg: Optional[CorpusConfig] = None, opts: CombinedOptions = CombinedOptions()) -> dict:
+    """Replay one drafter at one K; returns the figures (plus ``per_request_steps``). ``corpus_cfg`` is the
+    shared corpus's (the ``combined`` drafter takes its ``tau`` from ``opts``)."""
     if K < 1:
         raise ValueError(f"K must be >= 1, got {K}")
+    opts.validate()
     corpus_cfg = corpus_cfg or CorpusConfig(entries=1 << 20)
     width = max(len(p) + len(o) for p, o in recs) + 1
     width = (width + 63) // 64 * 64
     t0 = time.time()
-    t = _Replayer(drafter, K, width, corpus_cfg, min_survival, combined_n_max).run(recs)
+    t = _Replayer(drafter, K, width, corpus_cfg, opts).run(recs)
     S = max(t.steps, 1)
     res = {"drafter": drafter, "K": K, "requests": len(recs), "output_tokens": t.out, "steps": t.steps,
            "tokens_per_step": t.out / S, "proposed_per_step": t.proposed / S, "accepted_per_step": t.accepted / S,
@@ -206,16 +261,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object per line")
     p.add_argument("--per-request", action="store_true", help="include per-request step counts in --json")
     p.add_argument("--corpus-entries", type=int, default=1 << 20, help="corpus table entries (power of two)")
-    p.add_argument("--corpus-tau", type=float, default=CorpusConfig.tau, help="corpus survival threshold")
     p.add_argument("--corpus-n-max", type=int, default=CorpusConfig.n_max)
     p.add_argument("--corpus-prompts", action="store_true", help="also insert prompts into the corpus")
     p.add_argument("--corpus-isolation", default="shared", choices=("shared", "tenant"),
                    help="shared: one corpus for all requests; tenant: every request is its own tenant (the "
                         "corpus then only holds the request's own tokens)")
-    p.add_argument("--min-survival", type=float, default=0.2,
+    d = CombinedOptions()
+    p.add_argument("--corpus-tau", type=float, default=None,
+                   help=f"corpus survival threshold (default: {CorpusConfig.tau} for the corpus drafter, "
+                        f"{d.corpus_tau} inside combined, whose calibrated price cuts after it)")
+    p.add_argument("--min-survival", type=float, default=d.min_survival,
                    help="combined: cut a candidate where its calibrated survival falls below this (the price)")
-    p.add_argument("--combined-n-max", type=int, default=8,
+    p.add_argument("--combined-n-max", type=int, default=d.n_max,
                    help="combined: longest suffix the per-request n-gram compares (the ngram drafter keeps 8)")
+    p.add_argument("--local-corpus", action=argparse.BooleanOptionalAction, default=d.local,
+                   help="combined: a per-request corpus (the request's own prompt and output, by frequency)")
+    p.add_argument("--cap-by-match", type=float, default=d.cap_by_match,
+                   help="combined: a capped candidate drafts at most this times its match length (0 = no cap)")
+    p.add_argument("--cap-sources", default=d.cap_sources, choices=("ngram", "all"),
+                   help="combined: which candidates the cap applies to")
     return p
 
 
@@ -232,15 +296,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"replay-drafters: bad --drafters/--k value(s) {bad}; drafters are {DRAFTERS}, K >= 1",
               file=sys.stderr)
         return 2
-    cfg = CorpusConfig(entries=args.corpus_entries, tau=args.corpus_tau, n_max=args.corpus_n_max,
+    tau = CorpusConfig.tau if args.corpus_tau is None else args.corpus_tau
+    cfg = CorpusConfig(entries=args.corpus_entries, tau=tau, n_max=args.corpus_n_max,
                        insert_prompts=args.corpus_prompts, isolation=args.corpus_isolation)
+    opts = CombinedOptions(min_survival=args.min_survival, n_max=args.combined_n_max, local=args.local_corpus,
+                           cap_by_match=args.cap_by_match, cap_sources=args.cap_sources,
+                           corpus_tau=CombinedOptions.corpus_tau if args.corpus_tau is None else args.corpus_tau)
     try:
         cfg.validate()
     except (TypeError, ValueError) as e:
         print(f"replay-drafters: {e} (from --corpus-* options)", file=sys.stderr)
         return 2
-    if not 0.0 < args.min_survival <= 1.0:
-        print(f"replay-drafters: --min-survival must be in (0, 1], got {args.min_survival}", file=sys.stderr)
+    try:
+        opts.validate()
+    except ValueError as e:
+        print(f"replay-drafters: {e}", file=sys.stderr)
         return 2
     if not args.json:
         print("| workload | K | drafter | tokens/step | proposed/step | steps with >= 1 accepted |")
@@ -249,7 +319,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         recs = load_workload(path, args.limit)
         for K in ks:
             for d in drafters:
-                res = replay(recs, d, K, cfg, args.min_survival, args.combined_n_max)
+                res = replay(recs, d, K, cfg, opts)
                 res["workload"] = path
                 if args.json:
                     if not args.per_request:
