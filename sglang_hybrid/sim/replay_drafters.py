@@ -163,13 +163,12 @@ class _Replayer:
         # below min_survival (the price of a proposed token) and, where capped, at cap_by_match times its
         # match length; the one with more expected tokens wins (ties: the earlier source).
         o = self.opts
-        self.cal.apply(ng, None, self.prior[0], self._scratch)
-        self.prior[1].copy_(cp.q.float() / 65536.0)
         cands = [ng, cp]
         if self.local is not None:
-            lp = self.local.lookup(self.hist, self.slot, self.tenant)
-            self.prior[2].copy_(lp.q.float() / 65536.0)
-            cands.append(lp)
+            cands.append(self.local.lookup(self.hist, self.slot, self.tenant))
+        self.cal.apply(ng, None, self.prior[0], self._scratch)
+        for src in range(1, len(cands)):  # the corpora: their own q is the prior
+            self.prior[src].copy_(cands[src].q.float() / 65536.0)
         best, pick = 0.0, None
         for src, d in enumerate(cands):
             self.online.estimate(src, d.length, d.match_len, d.match_count, self.prior[src], self.q[src],
@@ -196,12 +195,10 @@ class _Replayer:
             self.tenant[0] = rid
             p = torch.tensor([prompt], dtype=torch.int32) if prompt else torch.zeros((1, 1), dtype=torch.int32)
             self.hist.write_prompt(self.slot, p, torch.tensor([len(prompt)], dtype=torch.int32))
-            if self.corpus is not None and self.corpus.cfg.insert_prompts and prompt:
-                self.corpus.insert_prompt(self.hist, self.slot, torch.tensor([len(prompt)], dtype=torch.int32),
-                                          self.tenant)
-            if self.local is not None and prompt:
-                self.local.insert_prompt(self.hist, self.slot, torch.tensor([len(prompt)], dtype=torch.int32),
-                                         self.tenant)
+            plen = torch.tensor([len(prompt)], dtype=torch.int32)
+            for c in (self.corpus, self.local):
+                if c is not None and c.cfg.insert_prompts and prompt:
+                    c.insert_prompt(self.hist, self.slot, plen, self.tenant)
             pos, steps, olen = 0, 0, len(out)
             while pos < olen:
                 draft, from_corpus = self._propose()
