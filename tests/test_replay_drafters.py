@@ -119,8 +119,56 @@ def test_combined_cap_by_match_bounds_the_per_request_ngram() -> None:
 def test_combined_options_are_checked(tmp_path: Path, capsys) -> None:
     p = _write(tmp_path, "w", [([1, 2, 3], [1, 2, 3, 1, 2, 3])])
     for argv, needle in ((["--cap-by-match", "-1"], "--cap-by-match"), (["--min-survival", "0"], "--min-survival"),
-                         (["--combined-n-max", "1"], "--combined-n-max"), (["--corpus-tau", "2"], "tau")):
+                         (["--combined-n-max", "1"], "--combined-n-max"), (["--corpus-tau", "2"], "tau"),
+                         (["--price-share", "1.5"], "--price-share"), (["--price-memory", "0"], "--price-memory")):
         assert rd.main(["--workload", str(p), *argv]) == 2, argv
         assert needle in capsys.readouterr().err, argv
     with pytest.raises(ValueError, match="cap-sources"):
         rd.replay([([1], [1, 2])], "combined", 4, opts=rd.CombinedOptions(cap_sources="corpus"))
+
+
+def test_traffic_price_follows_the_traffic_above_its_floor() -> None:
+    tp = rd.TrafficPrice(0.1, 0.5, 4)
+    assert tp.price() == 0.1  # nothing proposed yet
+    tp.update(8, 8)  # a copy-heavy step: every proposed token accepted
+    assert tp.price() == pytest.approx(0.5)
+    for _ in range(40):  # the traffic turns to long shots; the exponential memory forgets the copy step
+        tp.update(0, 4)
+    assert tp.price() == 0.1
+    tp.update(1, 4)
+    assert 0.1 <= tp.price() < 0.5 * (1 + 1e-6)
+    off = rd.TrafficPrice(0.2, 0.0, 4)
+    off.update(10, 10)
+    assert off.price() == 0.2
+
+
+def test_combined_drafts_only_tokens_above_the_traffic_price() -> None:
+    """Copy-heavy traffic (each request repeats its prompt) lifts the price above the floor; every proposed
+    token's calibrated survival is at least the price of its step, and the higher price proposes less."""
+    recs = [([i, 50 + i, 7, 8, 9, 10, 11, 12, 13], [i, 50 + i, 7, 8, 9, 10, 11, 12, 13, 40 + i, 41, 42])
+            for i in range(12)]
+    figures = {}
+    for share in (0.0, 1.0):
+        rep = rd._Replayer("combined", 8, 64, CorpusConfig(entries=1 << 12),
+                           rd.CombinedOptions(price_share=share, min_survival=0.05))
+        prices, checked = [], []
+        orig = rep._propose
+
+        def spy(orig=orig, rep=rep, prices=prices, checked=checked):
+            p = rep.price.price()
+            d = orig()
+            prices.append(p)
+            if d[0]:  # the proposed draft is a prefix of one candidate's tokens; its survivals all >= p
+                for src, c in enumerate(rep._cands):
+                    n = len(d[0])
+                    if c.tokens[0, :n].tolist() == d[0]:
+                        checked.append(float(rep.surv[src][0, n - 1]) >= p)
+                        break
+            return d
+
+        rep._propose = spy
+        t = rep.run(recs)
+        assert checked and all(checked), share
+        figures[share] = (t.proposed, max(prices))
+    assert figures[0.0][1] == 0.05 and figures[1.0][1] > 0.3
+    assert figures[1.0][0] < figures[0.0][0]

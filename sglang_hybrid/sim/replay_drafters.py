@@ -15,15 +15,20 @@ Drafters (the project's own code on CPU, torch backends; no SGLang import):
             a per-request corpus (frequency over the request's own prompt and output, every order down to 1:
             SuffixDecoding's per-request tree). Each is priced by its online-calibrated survival
             (``calibration/candidate_online.py``: priors from the shipped n-gram table and from the corpora's
-            own q, corrected by the verify outcomes seen so far) and cut where the survival falls below
-            ``min_survival`` (the price of a proposed token; 0.1 = SuffixDecoding's ``min_token_prob``); the
+            own q, corrected by the verify outcomes seen so far) and cut where the survival falls below the
+            price of a proposed token: the larger of ``min_survival`` (0.1 = SuffixDecoding's
+            ``min_token_prob``) and ``price_share`` times what a proposed token earns in this traffic (its
+            accepted / proposed tokens over the last ``price_memory`` steps, ``TrafficPrice``); the
             per-request n-gram, which copies a whole continuation after one suffix match, is also cut at
             ``cap_by_match`` times its match length (SuffixDecoding's ``max_spec_factor``; the corpora's walks
             re-check their evidence at every drafted token, so ``cap_sources="ngram"`` leaves them uncapped).
             Per step the candidate with the higher expected accepted length is proposed.
 
-The combination is the worker's choice between sources, with the peer's proposal rules in place of the SPS
-price (which has no meaning without a batch): the worker prices chains against the model chain instead.
+The combination is the worker's choice between sources, with the peer's proposal rules and a traffic price in
+place of the SPS price (which has no meaning without a batch): the worker prices chains against the model chain
+and the batch instead. The traffic price is the replay's stand-in for that opportunity cost: a verify slot
+spent on a long shot could have held a token of the traffic's usual acceptance (on copy-heavy traffic, ~0.85;
+on chat, ~0.23, where the floor ``min_survival`` rules).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import torch
 from ..ngram import NgramConfig, TokenHistory
 from ..ngram.corpus import CorpusConfig, NgramCorpus
 
-__all__ = ["load_workload", "replay", "CombinedOptions", "DRAFTERS", "main"]
+__all__ = ["load_workload", "replay", "CombinedOptions", "TrafficPrice", "DRAFTERS", "main"]
 
 DRAFTERS = ("ngram", "corpus", "combined")
 
@@ -84,6 +89,8 @@ class CombinedOptions:
     cap_by_match: float = 1.0
     cap_sources: str = "ngram"  # "ngram" (the per-request n-gram only) or "all"
     corpus_tau: float = 0.05  # the corpora's kernel-side cut; the calibrated price cuts after it
+    price_share: float = 0.3  # the price is at least this share of the traffic's accepted / proposed (0 = off)
+    price_memory: int = 8192  # steps the traffic's acceptance is averaged over (exponential memory)
 
     def validate(self) -> None:
         if not 0.0 < self.min_survival <= 1.0:
@@ -96,6 +103,29 @@ class CombinedOptions:
             raise ValueError(f"--cap-sources must be 'ngram' or 'all', got {self.cap_sources!r}")
         if not 0.0 < self.corpus_tau <= 1.0:
             raise ValueError(f"--corpus-tau must be in (0, 1], got {self.corpus_tau}")
+        if not 0.0 <= self.price_share <= 1.0:
+            raise ValueError(f"--price-share must be in [0, 1], got {self.price_share}")
+        if self.price_memory < 1:
+            raise ValueError(f"--price-memory must be >= 1, got {self.price_memory}")
+
+
+class TrafficPrice:
+    """The price of a proposed token: ``max(floor, share * accepted / proposed)``, both counts exponentially
+    averaged over the last ``memory`` steps of the traffic (all requests). With nothing proposed yet, the
+    floor."""
+
+    def __init__(self, floor: float, share: float, memory: int) -> None:
+        self.floor, self.share, self.decay = floor, share, 1.0 - 1.0 / memory
+        self.accepted = self.proposed = 0.0
+
+    def price(self) -> float:
+        if self.share <= 0 or self.proposed <= 0:
+            return self.floor
+        return max(self.floor, self.share * self.accepted / self.proposed)
+
+    def update(self, accepted: int, proposed: int) -> None:
+        self.accepted = self.accepted * self.decay + accepted
+        self.proposed = self.proposed * self.decay + proposed
 
 
 @dataclass
@@ -147,6 +177,7 @@ class _Replayer:
             self.surv = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
             self._scratch = torch.zeros((1, K), dtype=torch.float32)
         self._cands: tuple = ()
+        self.price = TrafficPrice(opts.min_survival, opts.price_share, opts.price_memory)
 
     def _propose(self) -> tuple[list[int], bool]:
         """(draft tokens, from the corpus?)."""
@@ -160,9 +191,10 @@ class _Replayer:
         if self.drafter == "corpus":
             return cp.tokens[0, : int(cp.length[0])].tolist(), True
         # Every candidate priced by its online-calibrated survival; each is cut where the survival falls
-        # below min_survival (the price of a proposed token) and, where capped, at cap_by_match times its
-        # match length; the one with more expected tokens wins (ties: the earlier source).
+        # below the price of a proposed token and, where capped, at cap_by_match times its match length; the
+        # one with more expected tokens wins (ties: the earlier source).
         o = self.opts
+        price = self.price.price()
         cands = [ng, cp]
         if self.local is not None:
             cands.append(self.local.lookup(self.hist, self.slot, self.tenant))
@@ -174,7 +206,7 @@ class _Replayer:
             self.online.estimate(src, d.length, d.match_len, d.match_count, self.prior[src], self.q[src],
                                  self.surv[src])
             sv = self.surv[src][0]
-            keep = int((sv >= o.min_survival).sum())
+            keep = int((sv >= price).sum())  # survivals fall along the draft: a prefix
             if o.cap_by_match > 0 and (src == 0 or o.cap_sources == "all"):
                 keep = min(keep, int(o.cap_by_match * int(d.match_len[0]) + 1e-6))
             e = float(sv[:keep].sum())
@@ -217,6 +249,7 @@ class _Replayer:
                     self.local.insert(self.hist, self.slot, self.cnt, self.tenant)
                 steps += 1
                 t.proposed += len(draft)
+                self.price.update(acc, len(draft))
                 t.accepted += acc
                 t.hit += acc >= 1
                 t.from_corpus += from_corpus and len(draft) > 0
@@ -268,9 +301,15 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"corpus survival threshold (default: {CorpusConfig.tau} for the corpus drafter, "
                         f"{d.corpus_tau} inside combined, whose calibrated price cuts after it)")
     p.add_argument("--min-survival", type=float, default=d.min_survival,
-                   help="combined: cut a candidate where its calibrated survival falls below this (the price)")
+                   help="combined: cut a candidate where its calibrated survival falls below this (the price's "
+                        "floor)")
     p.add_argument("--combined-n-max", type=int, default=d.n_max,
                    help="combined: longest suffix the per-request n-gram compares (the ngram drafter keeps 8)")
+    p.add_argument("--price-share", type=float, default=d.price_share,
+                   help="combined: the price is at least this share of the traffic's accepted / proposed tokens "
+                        "(0 = the floor --min-survival alone)")
+    p.add_argument("--price-memory", type=int, default=d.price_memory,
+                   help="combined: steps the traffic's acceptance is averaged over")
     p.add_argument("--local-corpus", action=argparse.BooleanOptionalAction, default=d.local,
                    help="combined: a per-request corpus (the request's own prompt and output, by frequency)")
     p.add_argument("--cap-by-match", type=float, default=d.cap_by_match,
@@ -298,6 +337,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                        insert_prompts=args.corpus_prompts, isolation=args.corpus_isolation)
     opts = CombinedOptions(min_survival=args.min_survival, n_max=args.combined_n_max, local=args.local_corpus,
                            cap_by_match=args.cap_by_match, cap_sources=args.cap_sources,
+                           price_share=args.price_share, price_memory=args.price_memory,
                            corpus_tau=CombinedOptions.corpus_tau if args.corpus_tau is None else args.corpus_tau)
     try:
         cfg.validate()
