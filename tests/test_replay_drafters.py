@@ -127,17 +127,22 @@ def test_combined_options_are_checked(tmp_path: Path, capsys) -> None:
         rd.replay([([1], [1, 2])], "combined", 4, opts=rd.CombinedOptions(cap_sources="corpus"))
 
 
-def test_traffic_price_follows_the_traffic_above_its_floor() -> None:
-    tp = rd.TrafficPrice(0.1, 0.5, 4)
+def test_traffic_price_starts_at_the_traffic_rate_and_moves_to_the_request_rate() -> None:
+    tp = rd.TrafficPrice(0.1, 0.5, 4, prior=8.0)
     assert tp.price() == 0.1  # nothing proposed yet
     tp.update(8, 8)  # a copy-heavy step: every proposed token accepted
     assert tp.price() == pytest.approx(0.5)
-    for _ in range(40):  # the traffic turns to long shots; the exponential memory forgets the copy step
+    tp.new_request()  # a new request starts at the traffic's rate (1.0 here), weighted as 8 proposed tokens
+    assert tp.price() == pytest.approx(0.5)
+    tp.update(0, 8)  # ... and its own evidence pulls it down: (0 + 8 * A/P) / (8 + 8)
+    a, p = 8 * 0.75, 8 * 0.75 + 8
+    assert tp.price() == pytest.approx(max(0.1, 0.5 * (8 * a / p) / 16))
+    for _ in range(40):  # long shots only: the request's own rate, and the traffic's memory forgets the copy step
         tp.update(0, 4)
     assert tp.price() == 0.1
-    tp.update(1, 4)
-    assert 0.1 <= tp.price() < 0.5 * (1 + 1e-6)
-    off = rd.TrafficPrice(0.2, 0.0, 4)
+    tp.new_request()
+    assert tp.price() == 0.1
+    off = rd.TrafficPrice(0.2, 0.0, 4, prior=8.0)
     off.update(10, 10)
     assert off.price() == 0.2
 

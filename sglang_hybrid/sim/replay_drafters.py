@@ -17,9 +17,10 @@ Drafters (the project's own code on CPU, torch backends; no SGLang import):
             (``calibration/candidate_online.py``: priors from the shipped n-gram table and from the corpora's
             own q, corrected by the verify outcomes seen so far) and cut where the survival falls below the
             price of a proposed token: the larger of ``min_survival`` (0.1 = SuffixDecoding's
-            ``min_token_prob``) and ``price_share`` times what a proposed token earns in this traffic (its
-            accepted / proposed tokens over the last ``price_memory`` steps, ``TrafficPrice``); the
-            per-request n-gram, which copies a whole continuation after one suffix match, is also cut at
+            ``min_token_prob``) and ``price_share`` times what a proposed token earns (accepted / proposed: the
+            running request's, starting from the traffic's over its last ``price_memory`` steps,
+            ``TrafficPrice``); the per-request n-gram, which copies a whole continuation after one suffix
+            match, is also cut at
             ``cap_by_match`` times its match length (SuffixDecoding's ``max_spec_factor``; the corpora's walks
             re-check their evidence at every drafted token, so ``cap_sources="ngram"`` leaves them uncapped).
             Per step the candidate with the higher expected accepted length is proposed.
@@ -27,8 +28,9 @@ Drafters (the project's own code on CPU, torch backends; no SGLang import):
 The combination is the worker's choice between sources, with the peer's proposal rules and a traffic price in
 place of the SPS price (which has no meaning without a batch): the worker prices chains against the model chain
 and the batch instead. The traffic price is the replay's stand-in for that opportunity cost: a verify slot
-spent on a long shot could have held a token of the traffic's usual acceptance (on copy-heavy traffic, ~0.85;
-on chat, ~0.23, where the floor ``min_survival`` rules).
+spent on a long shot could have held a token of the usual acceptance (on a code edit, ~0.85; on chat, ~0.23,
+where the floor ``min_survival`` rules). It follows the request, so chat requests in mixed traffic keep the
+floor while the code edits beside them are priced higher.
 """
 
 from __future__ import annotations
@@ -89,8 +91,9 @@ class CombinedOptions:
     cap_by_match: float = 1.0
     cap_sources: str = "ngram"  # "ngram" (the per-request n-gram only) or "all"
     corpus_tau: float = 0.05  # the corpora's kernel-side cut; the calibrated price cuts after it
-    price_share: float = 0.3  # the price is at least this share of the traffic's accepted / proposed (0 = off)
-    price_memory: int = 8192  # steps the traffic's acceptance is averaged over (exponential memory)
+    price_share: float = 0.35  # the price is at least this share of the accepted / proposed rate (0 = off)
+    price_memory: int = 8192  # steps the traffic's rate is averaged over (exponential memory)
+    price_prior: float = 8.0  # a new request starts from the traffic's rate, weighted as this many proposed tokens
 
     def validate(self) -> None:
         if not 0.0 < self.min_survival <= 1.0:
@@ -107,25 +110,37 @@ class CombinedOptions:
             raise ValueError(f"--price-share must be in [0, 1], got {self.price_share}")
         if self.price_memory < 1:
             raise ValueError(f"--price-memory must be >= 1, got {self.price_memory}")
+        if self.price_prior < 0:
+            raise ValueError(f"--price-prior must be >= 0, got {self.price_prior}")
 
 
 class TrafficPrice:
-    """The price of a proposed token: ``max(floor, share * accepted / proposed)``, both counts exponentially
-    averaged over the last ``memory`` steps of the traffic (all requests). With nothing proposed yet, the
-    floor."""
+    """The price of a proposed token: ``max(floor, share * r)``, ``r`` the running request's accepted / proposed
+    tokens, with the traffic's rate (exponentially averaged over its last ``memory`` steps) counted as ``prior``
+    proposed tokens of evidence: ``r = (a_req + prior * A / P) / (p_req + prior)``. A new request starts at the
+    traffic's rate and moves to its own. With nothing proposed yet, the floor."""
 
-    def __init__(self, floor: float, share: float, memory: int) -> None:
-        self.floor, self.share, self.decay = floor, share, 1.0 - 1.0 / memory
-        self.accepted = self.proposed = 0.0
+    def __init__(self, floor: float, share: float, memory: int, prior: float) -> None:
+        self.floor, self.share, self.decay, self.prior = floor, share, 1.0 - 1.0 / memory, prior
+        self.accepted = self.proposed = 0.0  # the traffic's, decayed
+        self.req_accepted = self.req_proposed = 0  # the running request's
 
     def price(self) -> float:
-        if self.share <= 0 or self.proposed <= 0:
+        if self.share <= 0 or self.proposed + self.req_proposed <= 0:
             return self.floor
-        return max(self.floor, self.share * self.accepted / self.proposed)
+        traffic = self.accepted / self.proposed if self.proposed > 0 else 0.0
+        w = self.prior if self.proposed > 0 else 0.0
+        r = (self.req_accepted + w * traffic) / max(self.req_proposed + w, 1e-9)
+        return max(self.floor, self.share * r)
 
     def update(self, accepted: int, proposed: int) -> None:
         self.accepted = self.accepted * self.decay + accepted
         self.proposed = self.proposed * self.decay + proposed
+        self.req_accepted += accepted
+        self.req_proposed += proposed
+
+    def new_request(self) -> None:
+        self.req_accepted = self.req_proposed = 0
 
 
 @dataclass
@@ -177,7 +192,7 @@ class _Replayer:
             self.surv = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
             self._scratch = torch.zeros((1, K), dtype=torch.float32)
         self._cands: tuple = ()
-        self.price = TrafficPrice(opts.min_survival, opts.price_share, opts.price_memory)
+        self.price = TrafficPrice(opts.min_survival, opts.price_share, opts.price_memory, opts.price_prior)
 
     def _propose(self) -> tuple[list[int], bool]:
         """(draft tokens, from the corpus?)."""
@@ -225,6 +240,7 @@ class _Replayer:
         t = _Tally()
         for rid, (prompt, out) in enumerate(recs):
             self.tenant[0] = rid
+            self.price.new_request()
             p = torch.tensor([prompt], dtype=torch.int32) if prompt else torch.zeros((1, 1), dtype=torch.int32)
             self.hist.write_prompt(self.slot, p, torch.tensor([len(prompt)], dtype=torch.int32))
             plen = torch.tensor([len(prompt)], dtype=torch.int32)
@@ -306,10 +322,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--combined-n-max", type=int, default=d.n_max,
                    help="combined: longest suffix the per-request n-gram compares (the ngram drafter keeps 8)")
     p.add_argument("--price-share", type=float, default=d.price_share,
-                   help="combined: the price is at least this share of the traffic's accepted / proposed tokens "
-                        "(0 = the floor --min-survival alone)")
+                   help="combined: the price is at least this share of the request's accepted / proposed tokens "
+                        "(from the traffic's rate at its start; 0 = the floor --min-survival alone)")
     p.add_argument("--price-memory", type=int, default=d.price_memory,
-                   help="combined: steps the traffic's acceptance is averaged over")
+                   help="combined: steps the traffic's rate (a new request's starting point) is averaged over")
+    p.add_argument("--price-prior", type=float, default=d.price_prior,
+                   help="combined: a new request's price starts from the traffic's rate, weighted as this many "
+                        "proposed tokens of its own")
     p.add_argument("--local-corpus", action=argparse.BooleanOptionalAction, default=d.local,
                    help="combined: a per-request corpus (the request's own prompt and output, by frequency)")
     p.add_argument("--cap-by-match", type=float, default=d.cap_by_match,
@@ -338,6 +357,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     opts = CombinedOptions(min_survival=args.min_survival, n_max=args.combined_n_max, local=args.local_corpus,
                            cap_by_match=args.cap_by_match, cap_sources=args.cap_sources,
                            price_share=args.price_share, price_memory=args.price_memory,
+                           price_prior=args.price_prior,
                            corpus_tau=CombinedOptions.corpus_tau if args.corpus_tau is None else args.corpus_tau)
     try:
         cfg.validate()
