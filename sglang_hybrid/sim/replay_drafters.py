@@ -20,9 +20,9 @@ Drafters (the project's own code on CPU, torch backends; no SGLang import):
             ``min_token_prob``) and ``price_share`` times what a proposed token earns (accepted / proposed: the
             running request's, starting from the traffic's over its last ``price_memory`` steps,
             ``TrafficPrice``); the per-request n-gram, which copies a whole continuation after one suffix
-            match, is also cut at
-            ``cap_by_match`` times its match length (SuffixDecoding's ``max_spec_factor``; the corpora's walks
-            re-check their evidence at every drafted token, so ``cap_sources="ngram"`` leaves them uncapped).
+            match, is also cut at ``cap_by_match`` times its match length (SuffixDecoding's
+            ``max_spec_factor``; the corpora's walks re-check their evidence at every drafted token, so
+            ``cap_sources="ngram"`` leaves them uncapped).
             Per step the candidate with the higher expected accepted length is proposed.
 
 The combination is the worker's choice between sources, with the peer's proposal rules and a traffic price in
