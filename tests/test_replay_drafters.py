@@ -120,7 +120,8 @@ def test_combined_options_are_checked(tmp_path: Path, capsys) -> None:
     p = _write(tmp_path, "w", [([1, 2, 3], [1, 2, 3, 1, 2, 3])])
     for argv, needle in ((["--cap-by-match", "-1"], "--cap-by-match"), (["--min-survival", "0"], "--min-survival"),
                          (["--combined-n-max", "1"], "--combined-n-max"), (["--corpus-tau", "2"], "tau"),
-                         (["--price-share", "1.5"], "--price-share"), (["--price-memory", "0"], "--price-memory")):
+                         (["--price-share", "1.5"], "--price-share"), (["--price-memory", "0"], "--price-memory"),
+                         (["--price-prior", "-1"], "--price-prior")):
         assert rd.main(["--workload", str(p), *argv]) == 2, argv
         assert needle in capsys.readouterr().err, argv
     with pytest.raises(ValueError, match="cap-sources"):
