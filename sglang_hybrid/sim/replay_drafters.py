@@ -126,11 +126,11 @@ class TrafficPrice:
         self.req_accepted = self.req_proposed = 0  # the running request's
 
     def price(self) -> float:
-        if self.share <= 0 or self.proposed + self.req_proposed <= 0:
+        w = self.prior if self.proposed > 0 else 0.0  # no traffic rate yet: the request's own evidence alone
+        den = self.req_proposed + w
+        if self.share <= 0 or den <= 0:
             return self.floor
-        traffic = self.accepted / self.proposed if self.proposed > 0 else 0.0
-        w = self.prior if self.proposed > 0 else 0.0
-        r = (self.req_accepted + w * traffic) / max(self.req_proposed + w, 1e-9)
+        r = (self.req_accepted + (w * self.accepted / self.proposed if w else 0.0)) / den
         return max(self.floor, self.share * r)
 
     def update(self, accepted: int, proposed: int) -> None:
