@@ -17,6 +17,7 @@ if (os.environ.get("HYBRID_TEST_DEVICE", "cpu") or "cpu").startswith("cpu"):
 import pytest
 import torch
 
+from sglang_hybrid.hostsync import sync_guard
 from sglang_hybrid.ngram import NgramConfig, NgramDraft, TokenHistory
 from tests.oracles.ngram_oracle import lookup_from_list
 
@@ -258,3 +259,57 @@ def test_context_longer_than_width_logs_once_at_construction(caplog, kernel_devi
     assert h.tokens[0].tolist() == [16, 17, 18, 19, 12, 13, 14, 15]  # newest 8 at columns p % 8
     TokenHistory(2, 8, "cpu", max_context_len=8)
     assert len(_overflow_records(caplog)) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lookup_after_equals_lookup_on_extended_history_and_leaves_table_unchanged(
+        backend: str, seed: int, kernel_device: torch.device) -> None:
+    """``lookup_after(extra)`` drafts what a lookup on ``history ++ extra`` drafts (brute-force oracle, rows that
+    wrap the ring included), then the table is bit-identical to before; padded slots (-1) are ignored."""
+    rng = random.Random(seed)
+    width, num_slots, g, dev = 24, 6, 5, kernel_device
+    h = TokenHistory(num_slots, width, dev, backend=backend, max_batch_size=4, max_draft=8)
+    cfg = NgramConfig(n_min=1, n_max=4, max_draft=7, window=0)
+    hist = {}
+    for s in range(num_slots):
+        p = [rng.randrange(3) for _ in range(rng.randint(1, 12))]
+        h.write_prompt(_i64([s], dev), _i32([p], dev), _i64([len(p)], dev))
+        more = [rng.randrange(3) for _ in range(rng.choice([0, 3, 20, 40]))]  # 20 and 40 wrap a 24-wide ring
+        for i in range(0, len(more), 8):
+            chunk = more[i : i + 8]
+            h.append(_i64([s], dev), _i32([chunk + [0] * (8 - len(chunk))], dev), _i64([len(chunk)], dev))
+        hist[s] = (p + more, len(p))
+    for trial in range(6):
+        slots = rng.sample(range(num_slots), 3) + ([-1] if trial % 2 else [])
+        extra = [[rng.randrange(3) for _ in range(g)] for _ in slots]
+        before = (h.tokens.clone(), h.lens.clone(), h.prompt_lens.clone())
+        sl, ex = _i64(slots, dev), _i32(extra, dev)
+        with sync_guard(True):  # no host read (the range check of -1 is one), so the padded slot gets through
+            d = h.lookup_after(sl, cfg, ex)
+        for b, s in enumerate(slots):
+            if s < 0:
+                assert int(d.length[b]) == 0
+                continue
+            toks, plen = hist[s]
+            _expect(d, b, lookup_from_list(toks + extra[b], plen, width, cfg.n_min, cfg.n_max, cfg.window,
+                                           cfg.max_draft))
+        assert torch.equal(h.tokens, before[0]) and torch.equal(h.lens, before[1])
+        assert torch.equal(h.prompt_lens, before[2])
+    # The plain lookup afterwards still sees the untouched histories.
+    slots = list(range(4))
+    d = h.lookup(_i64(slots, dev), cfg)
+    for b, s in enumerate(slots):
+        toks, plen = hist[s]
+        _expect(d, b, lookup_from_list(toks, plen, width, cfg.n_min, cfg.n_max, cfg.window, cfg.max_draft))
+
+
+def test_lookup_after_argument_checks() -> None:
+    h = TokenHistory(3, 8, "cpu", backend="torch", max_batch_size=2)
+    cfg = NgramConfig(n_min=1, n_max=2, max_draft=4)
+    with pytest.raises(ValueError, match="extra has 9 columns, more than the row width 8"):
+        h.lookup_after(_i64([0], "cpu"), cfg, torch.zeros(1, 9, dtype=torch.int32))
+    with pytest.raises(TypeError, match="extra must have dtype int32"):
+        h.lookup_after(_i64([0], "cpu"), cfg, torch.zeros(1, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="extra has 2 rows, slots has 1"):
+        h.lookup_after(_i64([0], "cpu"), cfg, torch.zeros(2, 2, dtype=torch.int32))

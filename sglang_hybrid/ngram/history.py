@@ -237,6 +237,53 @@ class TokenHistory:
         )
         return out
 
+    def reserve_after(self, columns: int) -> tuple[torch.Tensor, ...]:
+        """Allocate ``lookup_after``'s scratch for ``columns`` appended tokens (once; call it at construction so
+        that no decode step, and no CUDA-graph capture, allocates). Another ``columns`` later reallocates."""
+        sc = getattr(self, "_after", None)
+        if sc is None or sc[0].shape[1] != columns:
+            mb, dev = self.max_batch_size, self.device
+            sc = (torch.zeros(mb, columns, dtype=torch.int64, device=dev),  # flat ring index of each appended token
+                  torch.zeros(mb, columns, dtype=torch.int32, device=dev),  # the tokens it overwrites
+                  torch.zeros(mb, dtype=torch.int64, device=dev),  # slots as int64
+                  torch.zeros(mb, dtype=torch.int32, device=dev),  # lengths before the append
+                  torch.full((mb,), columns, dtype=torch.int32, device=dev),  # append counts
+                  torch.arange(columns, dtype=torch.int64, device=dev).view(1, -1))
+            self._after = sc
+        return sc
+
+    def lookup_after(self, slots: torch.Tensor, cfg: NgramConfig, extra: torch.Tensor,
+                     out: NgramDraft | None = None) -> NgramDraft:
+        """Lookup as if ``extra [bs, G]`` (int32, every column) followed each slot's history; the table is unchanged.
+
+        This drafts a continuation *after* a chain that is not committed yet (the model chain): the suffix is the
+        last ``n`` tokens of ``history ++ extra`` and matches are searched in that sequence. It appends ``extra``,
+        looks up, then puts back the ``G`` ring columns the append overwrote and the lengths, all on the device
+        in buffers sized for ``max_batch_size`` rows and ``G`` columns (``reserve_after``; no host sync).
+        ``slots`` must be distinct; ``G <= width``.
+        """
+        bs = self._check_slots(slots, distinct=True, batch_limit=True)
+        self._check_batch("extra", extra, bs, 2, (torch.int32,))
+        g = extra.shape[1]
+        if g > self.width:
+            raise ValueError(f"extra has {g} columns, more than the row width {self.width}")
+        sc = self.reserve_after(g)
+        idx, saved, s64, lens0, counts, col = sc[0][:bs], sc[1][:bs], sc[2][:bs], sc[3][:bs], sc[4][:bs], sc[5]
+        s64.copy_(slots)
+        # An out-of-range slot (a padded entry) reads and restores a real row's own values: a no-op.
+        s64.clamp_(0, self.num_slots - 1)
+        torch.index_select(self.lens, 0, s64, out=lens0)
+        idx.copy_(lens0.view(-1, 1))
+        idx.add_(col).remainder_(self.width).add_(s64.view(-1, 1), alpha=self.width)
+        flat = self.tokens.view(-1)
+        torch.index_select(flat, 0, idx.view(-1), out=saved.view(-1))
+        self.append(slots, extra, counts)
+        try:
+            return self.lookup(slots, cfg, out)
+        finally:
+            flat.index_copy_(0, idx.view(-1), saved.view(-1))
+            self.lens.index_copy_(0, s64, lens0)
+
     # ---------------------------------------------------------------- diagnostics (host-syncing)
 
     def overflowed_slots(self) -> list[int]:
