@@ -8,6 +8,8 @@ column reads "n/a (no GPU)".
 
 Histories are random tokens (``--vocab``) whose last 12 tokens repeat a span from the start of the row, so
 every request drafts and the whole row is scanned (window 0). The table width equals the history length.
+"tail lookup" is the n-gram tail's lookup after a 7-token model chain (``TokenHistory.lookup_after``: the
+append, the same lookup kernel, the restore), which a step with the tail on runs beside the lookup.
 
 Example (CPU subset)::
 
@@ -36,6 +38,7 @@ from sglang_hybrid.ngram import NgramConfig, TokenHistory  # noqa: E402
 from sglang_hybrid.ngram.corpus import CorpusConfig, NgramCorpus  # noqa: E402
 
 APPEND_K = 17  # accepted draft tokens + bonus per step (max_draft 16 + 1)
+TAIL_AFTER = 7  # the model chain the n-gram tail follows (a 7-token DSpark block)
 
 
 def _size(s: str) -> int:
@@ -83,8 +86,10 @@ def _make_table(bs: int, hist: int, device: torch.device, backend: str, vocab: i
     return h
 
 
-def bench_cell(bs: int, hist: int, device: torch.device, backend: str, args: argparse.Namespace) -> tuple[float, float]:
-    """``(lookup_us, append_us)`` for one configuration."""
+def bench_cell(bs: int, hist: int, device: torch.device, backend: str,
+               args: argparse.Namespace) -> tuple[float, float, float]:
+    """``(lookup_us, append_us, tail_us)`` for one configuration; ``tail_us`` is the n-gram tail's lookup after a
+    ``TAIL_AFTER``-token model chain (``lookup_after``: append, lookup, restore)."""
     h = _make_table(bs, hist, device, backend, args.vocab, seed=bs * 7919 + hist)
     slots = torch.arange(bs, dtype=torch.int32, device=device)
     cfg = NgramConfig()
@@ -95,7 +100,12 @@ def bench_cell(bs: int, hist: int, device: torch.device, backend: str, args: arg
     new = torch.randint(0, args.vocab, (bs, APPEND_K), dtype=torch.int32).to(device)
     counts = torch.randint(1, APPEND_K + 1, (bs,), dtype=torch.int32).to(device)
     append_us = _time_us(lambda: h.append(slots, new, counts), device, args.repeats, args.warmup, args.cuda_graph)
-    return lookup_us, append_us
+    extra = torch.randint(0, args.vocab, (bs, TAIL_AFTER), dtype=torch.int32).to(device)
+    tail_cfg = NgramConfig(max_draft=16 - TAIL_AFTER)
+    h.reserve_after(TAIL_AFTER)
+    tail_us = _time_us(lambda: h.lookup_after(slots, tail_cfg, extra), device, args.repeats, args.warmup,
+                       args.cuda_graph)
+    return lookup_us, append_us, tail_us
 
 
 def bench_corpus_cell(bs: int, hist: int, device: torch.device, backend: str,
@@ -146,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"n-gram drafter, device {name}, torch {torch.__version__}, n_min=2 n_max=8 max_draft=16 window=0, "
               f"append K={APPEND_K}; median of {args.repeats} (us){graph}")
     print()
-    ops = ("lookup", "insert") if args.corpus else ("lookup", "append")
+    ops = ("lookup", "insert") if args.corpus else ("lookup", "append", "tail lookup")
     cell = bench_corpus_cell if args.corpus else bench_cell
     cols = [f"{op} {b}" for op in ops for b in backends]
     print("| bs | history | " + " | ".join(f"{c} (us)" for c in cols) + " |")
@@ -155,14 +165,13 @@ def main(argv: list[str] | None = None) -> None:
         for bs in bss:
             if args.max_tokens and bs * hist > args.max_tokens:
                 continue
-            res: dict[str, tuple[str, str]] = {}
+            res: dict[str, tuple[str, ...]] = {}
             for b in backends:
                 if b == "triton" and device.type != "cuda":
-                    res[b] = ("n/a (no GPU)", "n/a (no GPU)")
+                    res[b] = ("n/a (no GPU)",) * len(ops)
                     continue
-                lk, ap = cell(bs, hist, device, b, args)
-                res[b] = (f"{lk:,.1f}", f"{ap:,.1f}")
-            cells = [res[b][0] for b in backends] + [res[b][1] for b in backends]
+                res[b] = tuple(f"{t:,.1f}" for t in cell(bs, hist, device, b, args))
+            cells = [res[b][i] for i in range(len(ops)) for b in backends]
             label = f"{hist // 1024}k" if hist % 1024 == 0 else str(hist)
             print(f"| {bs} | {label} | " + " | ".join(cells) + " |", flush=True)
 

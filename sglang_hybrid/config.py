@@ -60,6 +60,8 @@ class HybridConfig:
     metrics_interval: int = 50  # decode steps between periodic log lines; 0 = never
     corpus: str = "off"  # cross-request n-gram corpus (ngram/corpus.py): "off", "shared" or "tenant" (README)
     corpus_entries: int = 1 << 21  # its table entries (a power of two); device memory 16 bytes per entry
+    model_tail: int = MAX_DRAFT_LIMIT  # n-gram tail drafted after the model chain (calibration/tail.py), at most
+    # this many tokens, capped by the chain width minus gamma (so 0 wherever the window is only gamma); 0 = off
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> HybridConfigError:
@@ -95,6 +97,8 @@ class HybridConfig:
             raise bad("online_defer", f"must be >= 0 (0 = score against the step's commit), got {self.online_defer}")
         if self.metrics_interval < 0:
             raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
+        if not (0 <= self.model_tail <= MAX_DRAFT_LIMIT):
+            raise bad("model_tail", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_tail}")
         if self.corpus not in CORPUS_MODES:
             raise bad("corpus", f"must be one of {CORPUS_MODES}, got {self.corpus!r}")
         if self.corpus_entries < 8 or self.corpus_entries & (self.corpus_entries - 1):

@@ -24,6 +24,7 @@ from .calibration import CalibrationTable
 from .calibration.apply import DeviceCalibration
 from .calibration.candidates import make_step_corpus
 from .calibration.online import OnlineCalibration
+from .calibration.tail import ModelTail
 from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
@@ -117,6 +118,14 @@ class HybridStep:
         self.model_surv = torch.zeros(max_bs, gamma, dtype=torch.float32, device=self.device)
         self.model_tokens = torch.zeros(max_bs, gamma, dtype=torch.int32, device=self.device)
         self.width = max(gamma, L)  # columns of a proposal; verify lengths are capped by it
+        # The n-gram tail after the model chain (calibration/tail.py): it fills the columns past gamma.
+        tail = min(cfg.model_tail, self.width - gamma) if cfg.enable_model and cfg.enable_ngram else 0
+        self.tail_cfg = NgramConfig(n_min=cfg.n_min, n_max=cfg.n_max, max_draft=tail, window=cfg.window) \
+            if tail > 0 else None
+        self.tail = ModelTail(num_slots, max_bs, gamma, tail, self.device, online=cfg.online_calibration,
+                              strength=cfg.online_strength) if tail > 0 else None
+        if self.tail is not None:
+            self.history.reserve_after(gamma)
         self.sel = SelectionBuffers(max_bs, self.width, self.device)
         self.conf = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.conf_prev = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
@@ -159,6 +168,8 @@ class HybridStep:
         self.stats.slot_stats.index_fill_(0, slots.to(torch.int64), 0)
         if self.online is not None:
             self.online.reset(slots)
+        if self.tail is not None:
+            self.tail.reset(slots)
         if self.corpus is not None:
             self.corpus_cand.reset(slots)
             s = slots.to(torch.int64)
@@ -231,6 +242,9 @@ class HybridStep:
             self._ngram_len[:bs].copy_(ngram_len)
             mt = self.model_tokens[:bs]
             mt.copy_(model_tokens)
+            if self.tail is not None:  # the model chain extended by the n-gram continuation after it
+                tdraft = self.history.lookup_after(slots, self.tail_cfg, mt, out=self.tail.draft_buffers(bs))
+                mt, model_surv = self.tail.extend(slots, tdraft, self.calib_dev, mt, model_surv)
             out = self.sel.view(bs)
             select_chains(
                 mt, model_surv, ngram_tokens, ngram_surv, ngram_len,
@@ -256,8 +270,9 @@ class HybridStep:
         """Per-token conditional confidence of each request's chosen chain, for a DSpark-style planner.
 
         ``model_confidence [bs, G]``: the drafter's own confidences (G >= gamma columns; columns past gamma are
-        not the model chain and read as 0). A request on the model chain keeps them unchanged, so with no n-gram
-        chain chosen the planner sees exactly what it would without Hybrid Spark; a request on the n-gram chain
+        not the model chain: they read as the n-gram tail's calibrated per-token acceptance, 0 past the tail or
+        with the tail off). A request on the model chain keeps its first gamma unchanged, so with the n-gram
+        drafter off the planner sees exactly what it would without Hybrid Spark; a request on the n-gram chain
         gets its calibrated per-token acceptance ``q_j`` up to the chain's length, 0 past it. Writes ``out
         [bs, G]`` (a preallocated buffer) and returns it. The planner's budget and top-K allocation then run
         unchanged over the chosen chains.
@@ -274,6 +289,9 @@ class HybridStep:
             mc.copy_(model_confidence)
             if g > self.gamma:
                 mc[:, self.gamma:].zero_()
+                if self.tail is not None:  # the tail's calibrated per-token acceptance (0 past its length)
+                    t = min(g - self.gamma, self.tail.tail)
+                    mc[:, self.gamma : self.gamma + t].copy_(self.tail.q[:bs, :t])
             is_ng = self._is_ng[:bs].view(-1, 1)
             torch.eq(proposal.choice.view(-1, 1), self._one_i32, out=is_ng)
             torch.where(is_ng, ng, mc, out=out)
@@ -293,12 +311,14 @@ class HybridStep:
                 self.online.update_from_history(slots, self.history.tokens, self.history.lens)
             elif self.online is not None:
                 self.online.update(slots, committed, accept_lens)
+            vlen = proposal.verify_len if verified_len is None else verified_len
+            if self.tail is not None:
+                self.tail.update(slots, committed, accept_lens, proposal.choice, vlen)
             if self.corpus is not None:
                 ten = self._tenant[: slots.shape[0]]
                 torch.index_select(self.slot_tenant, 0, slots, out=ten)
                 self.corpus.insert(self.history, slots, accept_lens, ten)
                 self.corpus_cand.update(slots, committed, accept_lens, proposal.choice)
-            vlen = proposal.verify_len if verified_len is None else verified_len
             self.stats.update(slots, vlen, proposal.choice, accept_lens)
         self._steps_host += 1
 
@@ -314,6 +334,9 @@ class HybridStep:
         m["narrow_window_steps"] = self.narrow_steps
         m["price_sps2d"] = int(self.sps2d is not None)
         m.update(self.extra_metrics)
+        m["model_tail_tokens"] = 0 if self.tail is None else self.tail.tail
+        if self.tail is not None:
+            m.update(self.tail.counts())
         if self.corpus is not None:
             m.update(self.corpus_cand.counts())
             m["corpus_entries"] = self.corpus.cfg.entries

@@ -34,6 +34,8 @@ def test_env_overrides_file(tmp_path):
         ({"SGLANG_HYBRID_N_MIN": "5", "SGLANG_HYBRID_N_MAX": "3"}, "'n_max'"),
         ({"SGLANG_HYBRID_MAX_DRAFT": "-1"}, "'max_draft'"),
         ({"SGLANG_HYBRID_MAX_DRAFT": "65"}, "'max_draft'"),
+        ({"SGLANG_HYBRID_MODEL_TAIL": "-1"}, "'model_tail'"),
+        ({"SGLANG_HYBRID_MODEL_TAIL": "65"}, "'model_tail'"),
         ({"SGLANG_HYBRID_NARROW_ABOVE": "-2"}, "'narrow_above'"),
         ({"SGLANG_HYBRID_NARROW_ABOVE": "sometimes"}, "'narrow_above'"),
         ({"SGLANG_HYBRID_ONLINE_DEFER": "-1"}, "'online_defer'"),

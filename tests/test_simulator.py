@@ -230,3 +230,17 @@ def test_report_in_two_processes_equals_one(tmp_path, chat):
     assert [r["batch_size"] for r in two] == [2, 3]
     for a, b in zip(one, two):
         assert a["policies"] == b["policies"] and a["ratios"] == b["ratios"]
+
+
+def test_model_tail_is_checked_token_by_token_and_lengthens_a_strong_model_chain(short_code):
+    """A near-perfect model chain on code edits: the n-gram tail after it (simulated against the reference outputs
+    like any chain) adds accepted tokens per step; with ``model_tail`` 0 the hybrid is what it was."""
+    base = SimOptions(batch_size=2, max_requests=4, policies=("hybrid",), measure="all", accept_length=6.5,
+                      concentration=float("inf"))
+    off = simulate(short_code, dataclasses.replace(base, model_tail=0))["policies"]["hybrid"]
+    on = simulate(short_code, base)["policies"]["hybrid"]
+    assert base.model_tail > 0 and on["output_tokens"] == off["output_tokens"]
+    assert on["accepted_per_step"] > off["accepted_per_step"] and on["steps"] < off["steps"]
+    assert on["verified_per_step"] > off["verified_per_step"]  # the tail's tokens were verified
+    with pytest.raises(ValueError, match="model_tail"):
+        simulate(short_code, dataclasses.replace(base, model_tail=-1))

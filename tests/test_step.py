@@ -211,7 +211,10 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
         return False
 
     events = list(prof.events())
-    assert sum(e.name == "hybrid_kernel" for e in events) == 8  # 2 x (lookup, calibration, selection, append)
+    # 2 x (lookup, calibration, selection, append) + 2 x the tail after the model chain (append, lookup,
+    # calibration): verify_window 8 > gamma leaves it 8 - gamma columns.
+    assert s.tail is not None
+    assert sum(e.name == "hybrid_kernel" for e in events) == 14
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 
@@ -262,3 +265,62 @@ def test_planner_confidence_keeps_dsparks_own_rows_and_gives_ngram_rows_their_ca
     p2 = off.propose(slots, model, model_confidence=conf)
     out2 = torch.zeros(3, 4)
     assert off.planner_confidence(p2, conf, out2).tolist() == conf.tolist()
+
+
+def test_model_tail_extends_a_confident_model_chain_with_what_followed_it_in_the_history():
+    """The model chain drafts tokens the history already holds: the n-gram tail after it (``lookup_after``) fills
+    the columns past gamma, priced at the model chain's survival times its own; the planner sees the tail's
+    calibrated per-token acceptance there; with ``model_tail`` 0 the chain stops at gamma."""
+    copy = list(range(10, 30))
+    rows = [copy + [50, 51], list(range(100, 116))]  # row 0: the model chain re-drafts copy[:4]; row 1: fresh
+    slots = torch.tensor([3, 5])
+    model = torch.tensor([copy[:4], [94, 95, 96, 97]], dtype=torch.int64)
+    conf = torch.full((2, GAMMA), 0.97)
+    step = _wide_step(10)
+    assert step.tail is not None and step.tail.tail == 10 - GAMMA
+    _prefill(step, slots, rows)
+    prop = step.propose(slots, model, model_confidence=conf)
+    assert prop.choice.tolist() == [0, 0]  # no n-gram chain: the histories' ends ([50, 51]) never repeat
+    assert prop.tokens[0].tolist() == copy[:4] + copy[4:10]
+    assert int(prop.verify_len[0]) > GAMMA  # the tail pays at this survival
+    s_model = float(torch.cumprod(conf[0], 0)[-1])
+    assert torch.allclose(prop.survival[0, GAMMA:], s_model * step.tail.surv[0], atol=1e-6)
+    assert prop.tokens[1, :GAMMA].tolist() == [94, 95, 96, 97] and int(prop.verify_len[1]) <= GAMMA
+    assert float(prop.survival[1, GAMMA:].abs().sum()) == 0.0  # no tail where the history has no continuation
+    wide = torch.cat([conf, torch.full((2, 10 - GAMMA), 0.9)], dim=1)
+    out = torch.zeros(2, 10)
+    step.planner_confidence(prop, wide, out)
+    assert out[0, :GAMMA].tolist() == conf[0].tolist()
+    assert torch.allclose(out[0, GAMMA:], step.tail.q[0], atol=0) and float(out[1, GAMMA:].abs().sum()) == 0.0
+    assert torch.allclose(torch.cumprod(out[0], 0), prop.survival[0], atol=1e-6)
+    off = _wide_step(10, model_tail=0)
+    assert off.tail is None
+    _prefill(off, slots, rows)
+    p0 = off.propose(slots, model, model_confidence=conf)
+    assert int(p0.verify_len.max()) <= GAMMA and float(p0.survival[:, GAMMA:].abs().sum()) == 0.0
+
+
+def test_model_tail_is_scored_only_where_the_whole_model_chain_was_committed():
+    copy = list(range(10, 30))
+    slots = torch.tensor([3, 5])
+    step = _wide_step(10)
+    _prefill(step, slots, [copy + [50, 51], copy + [50, 51]])
+    model = torch.tensor([copy[:4], copy[:4]], dtype=torch.int64)
+    prop = step.propose(slots, model, model_confidence=torch.full((2, GAMMA), 0.97))
+    committed = torch.zeros(2, 11, dtype=torch.int32)
+    committed[0, :8] = torch.tensor(copy[:4] + copy[4:7] + [7])  # model chain whole, 3 tail tokens, a bonus
+    # Slot 5 committed 7 tokens that leave the model chain at its second token (as an n-gram chain would): its
+    # tail followed a context the target never produced, so it must not be scored against columns 4-6.
+    committed[1, :7] = torch.tensor([copy[0], 77, 78, 79, 80, 81, 5])
+    step.record(slots, prop, committed, torch.tensor([8, 7], dtype=torch.int32))
+    rec = step.tail.online
+    # Slot 3: tail tokens 0-2 accepted, token 3 failed against the bonus (4 tried); slot 5: nothing scored.
+    assert float(rec.observed[3].sum()) > 0 and float(rec.expected[3, 3]) > 0
+    assert float(rec.expected[3, 4:].abs().sum()) == 0.0
+    assert float(rec.observed[5].abs().sum()) == 0.0 and float(rec.expected[5].abs().sum()) == 0.0
+    assert step.history.lens[3] == len(copy) + 2 + 8  # the committed tokens, not the tail, reached the history
+    # Metrics: both requests verified into their tails; the counter takes the committed tokens past gamma + 1 on
+    # such steps (3 on slot 3; 2 on slot 5, whose hand-made commit the verify itself could not have produced).
+    m = step.metrics()
+    assert int(prop.verify_len[0]) > GAMMA and int(prop.verify_len[1]) > GAMMA
+    assert (m["model_tail_tokens"], m["tail_chosen"], m["accepted_tail"]) == (10 - GAMMA, 2, 3 + 2)

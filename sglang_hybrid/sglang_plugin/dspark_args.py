@@ -13,8 +13,8 @@ any model loads, with an error naming the option:
 The verify window (``--speculative-num-draft-tokens``, root included) is ``max(gamma, max_draft) + 1``: SGLang's
 DSpark worker takes its gamma from the window (``dspark_config.resolve_runtime_config``), so a window wider than
 the checkpoint's block makes the drafter propose ``window - 1`` tokens. The worker keeps only the first
-``gamma`` of them as the model chain (their confidence past it is zeroed), and n-gram chains may fill the whole
-window. Everything downstream (KV reservation, verify width, accept width, draft KV injection) reads the
+``gamma`` of them as the model chain (past it, DSpark's drafts are replaced by the n-gram tail or get confidence
+0), and n-gram chains may fill the whole window. Everything downstream (KV reservation, verify width, accept width, draft KV injection) reads the
 window, so no SGLang change is needed for n-gram chains longer than the block.
 """
 

@@ -27,7 +27,9 @@ Where it hooks in (every attribute is declared in ``hooks.py``):
 
 N-gram chains longer than the DSpark block: the verify window is ``max(gamma, max_draft) + 1``
 (``dspark_args.py``); SGLang's DSpark worker then drafts ``window - 1`` tokens, and the model chain is the first
-``gamma`` of them (confidence zeroed past it). No SGLang change is needed.
+``gamma`` of them. Past them DSpark's drafts are replaced by the n-gram tail (``calibration/tail.py``: what the
+history holds after the model chain), with its calibrated confidence, 0 where there is none; in sampling mode
+those columns' draft logits are one-hot at the tail's tokens too. No SGLang change is needed.
 """
 
 from __future__ import annotations
@@ -128,6 +130,11 @@ class HybridDSparkWorker(DSparkWorkerV2):
         self._one_i32 = torch.ones((), dtype=torch.int32, device=self.device)
         self._onehot_rows = torch.zeros(max_bs, 1, dtype=torch.bool, device=self.device)
         self._onehot_src = torch.zeros(max_bs, window, 1, dtype=torch.float32, device=self.device)
+        # With the n-gram tail on, the model rows' columns past the model block are n-gram tokens: one-hot too.
+        self._tail_cols = None
+        if self.hybrid.tail is not None:
+            self._tail_cols = (torch.arange(window, device=self.device) >= gamma).view(1, -1)
+            self._onehot_mask = torch.zeros(max_bs, window, dtype=torch.bool, device=self.device)
         from .observability import install
 
         install(self.hybrid, extra=self._hybrid_extra_metrics)
@@ -177,16 +184,23 @@ class HybridDSparkWorker(DSparkWorkerV2):
         )
 
     def _one_hot_ngram_rows(self, logits: torch.Tensor, tokens: torch.Tensor, choice: torch.Tensor) -> None:
-        """Draft logits of the requests on the n-gram chain: one-hot at their tokens (in place, no allocation
-        beyond a gather the size of the tokens)."""
+        """Draft logits of the n-gram tokens: one-hot at their tokens (in place, no allocation beyond a gather
+        the size of the tokens). That is every row of a request on the n-gram chain and, with the tail on, the
+        model rows' columns past the model block (the tail, or DSpark's own drafts there, which the planner sees
+        with confidence 0: a deterministic draft is as valid for the rejection sampling)."""
         bs, g, _ = logits.shape
         rows = self._onehot_rows[:bs]
         torch.eq(choice.view(-1, 1), self._one_i32, out=rows)
+        mask = rows.view(bs, 1, 1)
+        if self._tail_cols is not None:
+            m = self._onehot_mask[:bs, :g]
+            torch.logical_or(rows, self._tail_cols[:, :g], out=m)
+            mask = m.view(bs, g, 1)
         idx = tokens.view(bs, g, 1)
         keep = self._onehot_src[:bs, :g]
         torch.gather(logits, 2, idx, out=keep)
-        logits.masked_fill_(rows.view(bs, 1, 1), float("-inf"))
-        keep.masked_fill_(rows.view(bs, 1, 1), 0.0)
+        logits.masked_fill_(mask, float("-inf"))
+        keep.masked_fill_(mask, 0.0)
         logits.scatter_(2, idx, keep)
 
     # -- prefill and decode ----------------------------------------------------------------------------------

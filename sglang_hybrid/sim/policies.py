@@ -9,7 +9,8 @@
   request's own history stands in for it.)
 * ``HybridPolicy``: what the HYBRID_SPARK worker runs (``sglang_hybrid.step.HybridStep.propose``): the n-gram
   lookup, the calibration (``DeviceCalibration.apply``) and ``select_chains`` in SPS mode (budget from the
-  fresh merged chains), with the model chain's survival from the drafter's confidences.
+  fresh merged chains), with the model chain's survival from the drafter's confidences, extended by the n-gram
+  tail after it (``calibration/tail.py``) where the chain width leaves room.
 
 ``step`` returns the chosen chain's tokens ``[bs, C]`` (int32), draft tokens to verify ``[bs]`` (a prefix of
 the chain), the verify batch ``B`` in tokens (what the step costs) and which requests took the n-gram chain.
@@ -25,6 +26,7 @@ import torch
 from ..calibration.candidates import make_step_corpus
 from ..calibration.deferred import DEFAULT_DEPTH
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
+from ..calibration.tail import ModelTail
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
 from ..selection.sps2d import DenseSps2D, Sps2DTable
@@ -145,7 +147,8 @@ class HybridPolicy:
                  max_draft: int = 7, window: int = 0, num_iters: int = 2, enable_ngram: bool = True,
                  max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None,
                  online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
-                 online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None, two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21) -> None:
+                 online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None, two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
+                 model_tail: int = 0) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -176,11 +179,18 @@ class HybridPolicy:
         self.corpus, self.corpus_cand = make_step_corpus(
             corpus, corpus_entries, num_slots=max_bs, max_bs=max_bs, width=max_draft, device="cpu",
             backend="torch", online=online_calibration, strength=online_strength)
+        # The n-gram tail after the model chain (calibration/tail.py), as HybridStep builds it.
+        tail = min(model_tail, width - gamma) if enable_ngram else 0
+        self.tail_cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=tail, window=window) if tail > 0 else None
+        self.tail = ModelTail(max_bs, max_bs, gamma, tail, "cpu", online=online_calibration,
+                              strength=online_strength) if tail > 0 else None
         self._history: Optional[TokenHistory] = None
 
     def on_prefill(self, slots: torch.Tensor) -> None:
         if self.online is not None:
             self.online.reset(slots)
+        if self.tail is not None:
+            self.tail.reset(slots)
         if self.corpus is not None:
             self.corpus_cand.reset(slots)
 
@@ -190,6 +200,8 @@ class HybridPolicy:
             self.online.update_from_history(inp.slots, self._history.tokens, self._history.lens)
         elif self.online is not None:
             self.online.update(inp.slots, committed, counts)
+        if self.tail is not None:
+            self.tail.update(inp.slots, committed, counts)
         if self.corpus is not None:  # every request's committed tokens, after the history append (as HybridStep)
             self.corpus.insert(self._history, inp.slots, counts)
             self.corpus_cand.update(inp.slots, committed, counts)
@@ -211,19 +223,23 @@ class HybridPolicy:
             ntok, nlen = self.corpus_cand.choose(d.tokens, surv, d.length, cd, csurv)
         nlen = nlen if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)
+        mtok = inp.model_tokens
+        if self.tail is not None:  # the model chain extended by the n-gram continuation after it
+            td = history.lookup_after(inp.slots, self.tail_cfg, mtok, out=self.tail.draft_buffers(bs))
+            mtok, model_surv = self.tail.extend(inp.slots, td, self.calib, mtok, model_surv)
         out = self.sel.view(bs)
         if self.fixed_window is None:
-            select_chains(inp.model_tokens, model_surv, ntok, surv, nlen, None, self.sps, out,
+            select_chains(mtok, model_surv, ntok, surv, nlen, None, self.sps, out,
                           num_iters=self.num_iters, max_verify_len=self.max_verify_len)
         else:
             self._budget.fill_(bs * self.fixed_window)
-            select_chains(inp.model_tokens, model_surv, ntok, surv, nlen, self._budget, None, out,
+            select_chains(mtok, model_surv, ntok, surv, nlen, self._budget, None, out,
                           num_iters=self.num_iters, max_verify_len=self.max_verify_len)
         if self.two_branch:
-            tb = select_two_branch(inp.model_tokens, model_surv, ntok, surv, nlen, out.choice, out.verify_len,
+            tb = select_two_branch(mtok, model_surv, ntok, surv, nlen, out.choice, out.verify_len,
                                    self.sps, max_verify_len=self.max_verify_len)
             batch = bs + int((tb.model_len + tb.ngram_len).sum())
-            return StepOutput(inp.model_tokens, tb.model_len, batch, tb.ngram_len > 0, ntok, nlen, surv,
+            return StepOutput(mtok, tb.model_len, batch, tb.ngram_len > 0, ntok, nlen, surv,
                               second_tokens=ntok, second_len=tb.ngram_len)
         vl = out.verify_len.to(torch.int64)
         batch = bs + int(vl.sum()) if self.fixed_window is None else bs * (1 + self.fixed_window)

@@ -53,6 +53,8 @@ class SimOptions:
     corpus: str = HybridConfig.corpus  # hybrid: the cross-request corpus, "off" or "shared" (one tenant here)
     corpus_entries: int = HybridConfig.corpus_entries
     two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
+    model_tail: int = HybridConfig.model_tail  # hybrid: n-gram tail after the model chain (calibration/tail.py),
+    # at most this many tokens, capped by the chain width minus gamma; 0 = off
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
     calibration: Optional[str] = None  # None = the shipped table
     sps_table: Optional[str] = None  # None = the shipped roofline table
@@ -87,6 +89,8 @@ class SimOptions:
             raise ValueError("sps2d: 'auto', 'off', 'roofline' or a 2-D table JSON path")
         if self.online_defer < 0:
             raise ValueError(f"online_defer: must be >= 0, got {self.online_defer}")
+        if self.model_tail < 0:
+            raise ValueError(f"model_tail: must be >= 0 (0 = off), got {self.model_tail}")
         if self.corpus not in ("off", "shared"):
             raise ValueError(f"corpus: choose from ('off', 'shared'), got {self.corpus!r}")
         if self.max_draft is not None and not (1 <= self.max_draft <= 16):
@@ -196,7 +200,8 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
                             fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None,
                             online_calibration=opts.online_calibration, online_strength=opts.online_strength,
                             online_defer=opts.online_defer, online_bins=opts.online_bins, sps2d=sps2d,
-                            two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries)
+                            two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries,
+                            model_tail=opts.model_tail)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 
 

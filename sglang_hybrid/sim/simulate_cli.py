@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--two-branch", action="store_true",
                    help="ragged hybrid: a request may verify both chains as a two-branch tree (keeps the longer "
                         "accepted branch) where the SPS objective says it pays")
+    n.add_argument("--model-tail", type=int, default=HybridConfig.model_tail,
+                   help="hybrid: n-gram tail drafted after the model chain, at most this many tokens (capped by the "
+                        "chain width minus gamma); 0 = off")
     n.add_argument("--corpus", choices=("off", "shared"), default=HybridConfig.corpus,
                    help="hybrid: the cross-request n-gram corpus (every request's committed tokens, shared)")
     n.add_argument("--corpus-entries", type=int, default=HybridConfig.corpus_entries,
@@ -119,7 +122,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         concentration=args.concentration, decay=args.decay, trace=args.trace, n_min=args.n_min, n_max=args.n_max,
         max_draft=args.max_draft, num_iters=args.num_iters, enable_ngram=not args.no_ngram,
         hybrid_verify=args.hybrid_verify, two_branch=args.two_branch, corpus=args.corpus,
-        corpus_entries=args.corpus_entries,
+        corpus_entries=args.corpus_entries, model_tail=args.model_tail,
         online_calibration=HybridConfig.online_calibration if args.online_calibration is None
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,

@@ -12,7 +12,8 @@ module adds what is particular to DSpark:
   that component through a device stream into pinned memory. Equal budgets, equal per-step totals and equal
   confidences leave DSpark's top-K allocation no freedom, so the per-request lengths are equal as well.);
 - on prompts whose outputs repeat long spans, the n-gram chain is chosen and one step accepts more drafts than
-  the DSpark block holds (gamma = 3, window 8), read from the metrics; ``max_new_tokens`` reached inside such a
+  the DSpark block holds (gamma = 3, window 8), read from the metrics, and the n-gram tail after the block is
+  verified on some steps; ``max_new_tokens`` reached inside such a
   chain cuts the output exactly;
 - with the cross-request corpus on (``hybrid_dspark_compact`` runs it shared), a request sent again is drafted
   from what the corpus learnt of the first one's output, and stays lossless;
@@ -108,6 +109,9 @@ def test_ngram_chain_is_chosen_and_accepts_past_the_dspark_block(engine_pool, pr
     # One request accepted more drafts in one step than the DSpark block holds: more than gamma + 1 tokens.
     assert server["max_accepted_drafts_in_step"] > DSPARK_GAMMA, server
     assert server["accepted_ngram"] > 0 and server["verified_draft_tokens"] > 0, server
+    # The n-gram tail after the 3-token block fills the other 4 columns, and the planner verified into it on some
+    # steps (the output above is lossless with it; the tiny random drafter's tails are rarely accepted).
+    assert server["model_tail_tokens"] == 8 - 1 - DSPARK_GAMMA and server["tail_chosen"] > 0, server
 
 
 @pytest.mark.parametrize("max_new", [3, 5, 6])

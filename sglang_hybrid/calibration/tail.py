@@ -1,0 +1,139 @@
+"""The n-gram tail: an n-gram continuation drafted *after* the model chain, which extends it into one linear chain.
+
+A model chain of ``gamma`` tokens that the target accepts whole ends the step with one bonus token. If the
+request's history continues past the model chain's last tokens (a quote, a repeated phrase, an edited file),
+an n-gram lookup on ``history ++ model chain`` (``TokenHistory.lookup_after``) drafts what follows. Appended to
+the model chain it makes one linear chain, so a ragged verify (DSpark's) or a wide fixed window checks it with no
+tree mask and no change to SGLang. Token ``j`` of the tail is accepted only if the whole model chain is, so its
+survival is ``S_model(gamma) * S_tail(j)``: the price selection then keeps only the tail tokens whose survival
+pays for their verify slot, as for any other chain.
+
+Pricing: the tail's per-token estimate ``q`` comes from the calibration table (the same features as any n-gram
+draft; the ``agree`` feature, when a table has it, reads "disagree": no model token stands beside the tail), then
+a per-request online record of its own (``OnlineCalibration``, scored immediately). A tail is scored only at
+steps where the target committed the whole model chain, the only steps where its context was the real one: it
+then faces the tokens committed after position ``gamma``.
+
+Decode-step rules: ``extend`` and ``update`` write only into buffers made at construction for the largest batch,
+never read the device and never branch on device data.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..ngram.config import NgramDraft
+from .online import DEFAULT_STRENGTH, OnlineCalibration
+
+__all__ = ["ModelTail"]
+
+
+class ModelTail:
+    """Buffers and online record for tails of up to ``tail`` tokens after a model chain of ``gamma`` tokens.
+
+    ``online``: recalibrate the tail's table estimates from its outcomes (False: the table as is).
+    """
+
+    def __init__(self, num_slots: int, max_bs: int, gamma: int, tail: int, device: torch.device | str, *,
+                 online: bool = True, strength: float = DEFAULT_STRENGTH) -> None:
+        if gamma < 1 or tail < 1:
+            raise ValueError(f"ModelTail: gamma and tail must be >= 1, got gamma={gamma}, tail={tail}")
+        dev = torch.device(device)
+        self.gamma, self.tail = gamma, tail
+        i32 = dict(dtype=torch.int32, device=dev)
+        # The tail lookup's own output buffers (the history's default buffers hold the step's main lookup).
+        self._draft = NgramDraft(torch.zeros(max_bs, tail, **i32), *(torch.zeros(max_bs, **i32) for _ in range(4)))
+        self.q = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
+        self.surv = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
+        self.tokens = torch.zeros(max_bs, gamma + tail, **i32)  # the extended chain
+        self.survival = torch.zeros(max_bs, gamma + tail, dtype=torch.float32, device=dev)
+        self._no_model = torch.full((max_bs, 1), -1, **i32)  # "disagree" for a table's agree feature
+        self._eq = torch.zeros(max_bs, gamma, dtype=torch.bool, device=dev)
+        self._whole = torch.zeros(max_bs, dtype=torch.bool, device=dev)
+        self._n = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+        self._zero = torch.zeros((), dtype=torch.int32, device=dev)
+        self._gamma = torch.full((), gamma, dtype=torch.int32, device=dev)
+        self.online = OnlineCalibration(num_slots, max_bs, tail, dev, strength) if online else None
+        # Counters: request-steps that verified the model chain past gamma (into its tail), and the tail tokens
+        # accepted on them; copied to the host without waiting (``counts()`` is at most one step stale).
+        self.counters = torch.zeros(2, dtype=torch.int64, device=dev)
+        self._host = torch.zeros(2, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        self._used = torch.zeros(max_bs, dtype=torch.bool, device=dev)
+        self._is_model = torch.zeros(max_bs, dtype=torch.bool, device=dev)
+        self._used_i = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self._acc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self._step = torch.zeros(2, dtype=torch.int64, device=dev)
+        self._gamma64 = torch.full((), gamma + 1, dtype=torch.int64, device=dev)
+
+    def draft_buffers(self, bs: int) -> NgramDraft:
+        """Output buffers for ``TokenHistory.lookup_after`` (rows ``[:bs]``)."""
+        d = self._draft
+        return NgramDraft(d.tokens[:bs], d.length[:bs], d.match_len[:bs], d.match_count[:bs], d.in_prompt[:bs])
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """At prefill: a new request's record starts empty."""
+        if self.online is not None:
+            self.online.reset(slots)
+
+    def extend(self, slots: torch.Tensor, draft: NgramDraft, calibration, model_tokens: torch.Tensor,
+               model_surv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model chain extended by its tail: ``(tokens, survival) [bs, gamma + tail]`` (views of buffers).
+
+        ``draft``: the tail lookup (``lookup_after(slots, cfg, model_tokens, out=self.draft_buffers(bs))``);
+        ``calibration``: a ``DeviceCalibration``; ``model_survival [bs, gamma]``: the model chain's prefix
+        survivals. The tail's survivals are 0 past its length, so the selection never admits those columns."""
+        bs, g = model_tokens.shape
+        if g != self.gamma:
+            raise ValueError(f"ModelTail: model_tokens has {g} columns, gamma is {self.gamma}")
+        q, surv = self.q[:bs], self.surv[:bs]
+        calibration.apply(draft, self._no_model[:bs], q, surv)
+        if self.online is not None:
+            self.online.apply(slots, draft.tokens, draft.length, q, surv)
+        tok, sv = self.tokens[:bs], self.survival[:bs]
+        tok[:, :g].copy_(model_tokens)
+        tok[:, g:].copy_(draft.tokens)
+        sv[:, :g].copy_(model_surv)
+        torch.mul(surv, model_surv[:, g - 1 :], out=sv[:, g:])
+        return tok, sv
+
+    def update(self, slots: torch.Tensor, committed: torch.Tensor, counts: torch.Tensor,
+               choice: Optional[torch.Tensor] = None, verified: Optional[torch.Tensor] = None) -> None:
+        """After verify: score this step's tails where the target committed the whole model chain; with
+        ``choice [bs]`` (1 = the n-gram chain) and ``verified [bs]`` (draft tokens verified) count the steps that
+        verified into a tail and the tail tokens they accepted.
+
+        ``committed [bs, K]``: accepted drafts then the bonus token, ``counts [bs]`` of them."""
+        bs, k = committed.shape
+        g = self.gamma
+        if self.online is not None and k > g:  # else no committed column past the model chain (host-known shape)
+            eq, whole, n = self._eq[:bs], self._whole[:bs], self._n[:bs]
+            torch.eq(committed[:, :g], self.tokens[:bs, :g], out=eq)
+            torch.all(eq, 1, out=whole)
+            n.copy_(counts)
+            n.sub_(self._gamma)
+            torch.where(whole, n, self._zero, out=n)
+            n.clamp_(min=0)
+            self.online.update(slots, committed[:, g:], n)
+        if choice is not None and verified is not None:
+            used, used_i, acc = self._used[:bs], self._used_i[:bs], self._acc[:bs]
+            torch.gt(verified, self._gamma, out=used)
+            is_model = self._is_model[:bs]
+            torch.eq(choice, self._zero, out=is_model)
+            used.logical_and_(is_model)
+            used_i.copy_(used)
+            acc.copy_(counts)
+            acc.sub_(self._gamma64)  # accepted drafts past gamma: committed - bonus - gamma
+            acc.clamp_(min=0)
+            acc.mul_(used_i)
+            torch.sum(used_i, 0, out=self._step[0])
+            torch.sum(acc, 0, out=self._step[1])
+            self.counters.add_(self._step)
+            self._host.copy_(self.counters, non_blocking=True)
+
+    def counts(self) -> dict:
+        """Host side, never waits: ``tail_chosen`` (request-steps that verified the model chain into its tail)
+        and ``accepted_tail`` (tail tokens accepted on them)."""
+        c, a = self._host.tolist()
+        return {"tail_chosen": int(c), "accepted_tail": int(a)}
