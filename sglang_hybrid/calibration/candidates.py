@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from .counters import ChainCounters
 from .online import DEFAULT_STRENGTH, OnlineCalibration
 
 __all__ = ["CorpusCandidate", "Q_ONE"]
@@ -49,14 +50,8 @@ class CorpusCandidate:
         self._e_corpus = torch.zeros(max_bs, dtype=torch.float32, device=dev)
         self._scale = torch.tensor(1.0 / Q_ONE, dtype=torch.float32, device=dev)
         self.online = OnlineCalibration(num_slots, max_bs, width, dev, strength) if online else None
-        # Counters: request-steps that verified a corpus chain, and the drafts accepted on them; copied to the
-        # host without waiting (``counts()`` is at most one step stale).
-        self.counters = torch.zeros(2, dtype=torch.int64, device=dev)
-        self._host = torch.zeros(2, dtype=torch.int64, pin_memory=dev.type == "cuda")
-        self._used = torch.zeros(max_bs, dtype=torch.bool, device=dev)
-        self._used_i = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self._acc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self._step = torch.zeros(2, dtype=torch.int64, device=dev)
+        # Request-steps that verified a corpus chain, and the drafts accepted on them (``counts()``).
+        self.counters = ChainCounters(max_bs, dev, ("corpus_chosen", "accepted_corpus"), offset=1)
         self._one = torch.ones((), dtype=torch.int32, device=dev)
 
     def reset(self, slots: torch.Tensor) -> None:
@@ -103,25 +98,15 @@ class CorpusCandidate:
         if self.online is not None:
             self.online.update(slots, committed, counts)
         if choice is not None:
-            bs = counts.shape[0]
-            used, used_i, acc = self._used[:bs], self._used_i[:bs], self._acc[:bs]
+            used = self.counters.used[: counts.shape[0]]
             torch.eq(choice, self._one, out=used)
-            used.logical_and_(self.pick[:bs])
-            used_i.copy_(used)  # bool -> int64 in place (mixed-dtype ops would allocate)
-            acc.copy_(counts)
-            acc.mul_(used_i)
-            torch.sum(used_i, 0, out=self._step[0])
-            torch.sum(acc, 0, out=self._step[1])
-            self._step[1:].sub_(self._step[:1])  # committed = accepted drafts + the bonus (no Python scalars:
-            # each would be wrapped in a new tensor every call)
-            self.counters.add_(self._step)
-            self._host.copy_(self.counters, non_blocking=True)
+            used.logical_and_(self.pick[: counts.shape[0]])
+            self.counters.add(counts)
 
     def counts(self) -> dict:
         """Host side, never waits: ``corpus_chosen`` (request-steps verifying a corpus chain) and
         ``accepted_corpus`` (drafts accepted on them)."""
-        c, a = self._host.tolist()
-        return {"corpus_chosen": int(c), "accepted_corpus": int(a)}
+        return self.counters.counts()
 
 
 def corpus_config(isolation: str, entries: int, insert_chunk: int):

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from ..ngram.config import NgramDraft
+from .counters import ChainCounters
 from .online import DEFAULT_STRENGTH, OnlineCalibration
 
 __all__ = ["ModelTail"]
@@ -56,16 +57,9 @@ class ModelTail:
         self._zero = torch.zeros((), dtype=torch.int32, device=dev)
         self._gamma = torch.full((), gamma, dtype=torch.int32, device=dev)
         self.online = OnlineCalibration(num_slots, max_bs, tail, dev, strength) if online else None
-        # Counters: request-steps that verified the model chain past gamma (into its tail), and the tail tokens
-        # accepted on them; copied to the host without waiting (``counts()`` is at most one step stale).
-        self.counters = torch.zeros(2, dtype=torch.int64, device=dev)
-        self._host = torch.zeros(2, dtype=torch.int64, pin_memory=dev.type == "cuda")
-        self._used = torch.zeros(max_bs, dtype=torch.bool, device=dev)
+        # Request-steps that verified the model chain into its tail, and the tail tokens accepted (``counts()``).
+        self.counters = ChainCounters(max_bs, dev, ("tail_chosen", "accepted_tail"), offset=gamma + 1)
         self._is_model = torch.zeros(max_bs, dtype=torch.bool, device=dev)
-        self._used_i = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self._acc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self._step = torch.zeros(2, dtype=torch.int64, device=dev)
-        self._gamma64 = torch.full((), gamma + 1, dtype=torch.int64, device=dev)
 
     def draft_buffers(self, bs: int) -> NgramDraft:
         """Output buffers for ``TokenHistory.lookup_after`` (rows ``[:bs]``)."""
@@ -117,23 +111,13 @@ class ModelTail:
             n.clamp_(min=0)
             self.online.update(slots, committed[:, g:], n)
         if choice is not None and verified is not None:
-            used, used_i, acc = self._used[:bs], self._used_i[:bs], self._acc[:bs]
+            used, is_model = self.counters.used[:bs], self._is_model[:bs]
             torch.gt(verified, self._gamma, out=used)
-            is_model = self._is_model[:bs]
             torch.eq(choice, self._zero, out=is_model)
             used.logical_and_(is_model)
-            used_i.copy_(used)
-            acc.copy_(counts)
-            acc.sub_(self._gamma64)  # accepted drafts past gamma: committed - bonus - gamma
-            acc.clamp_(min=0)
-            acc.mul_(used_i)
-            torch.sum(used_i, 0, out=self._step[0])
-            torch.sum(acc, 0, out=self._step[1])
-            self.counters.add_(self._step)
-            self._host.copy_(self.counters, non_blocking=True)
+            self.counters.add(counts)
 
     def counts(self) -> dict:
         """Host side, never waits: ``tail_chosen`` (request-steps that verified the model chain into its tail)
         and ``accepted_tail`` (tail tokens accepted on them)."""
-        c, a = self._host.tolist()
-        return {"tail_chosen": int(c), "accepted_tail": int(a)}
+        return self.counters.counts()

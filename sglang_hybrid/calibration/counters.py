@@ -1,0 +1,48 @@
+"""Two device counters for one kind of chain: request-steps that verified it, and the drafts accepted on them.
+
+Shared by the corpus candidate (``candidates.py``) and the n-gram tail (``tail.py``). ``add`` runs in the decode
+step: it writes only into buffers made at construction for the largest batch, never reads the device, and ends
+with a non-blocking copy to the host, so ``counts()`` is at most one step stale and never waits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ChainCounters"]
+
+
+class ChainCounters:
+    """``names``: the two metric names (request-steps, accepted drafts). ``offset``: the committed tokens that are
+    not drafts of this kind (the bonus token, and for a tail the model chain before it)."""
+
+    def __init__(self, max_bs: int, device: torch.device | str, names: tuple[str, str], offset: int) -> None:
+        dev = torch.device(device)
+        self.names = names
+        self.used = torch.zeros(max_bs, dtype=torch.bool, device=dev)  # the caller writes this step's mask here
+        self.counters = torch.zeros(2, dtype=torch.int64, device=dev)
+        self._host = torch.zeros(2, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        self._used_i = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self._acc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self._step = torch.zeros(2, dtype=torch.int64, device=dev)
+        self._offset = torch.full((), offset, dtype=torch.int64, device=dev)
+
+    def add(self, counts: torch.Tensor) -> None:
+        """Count the requests marked in ``self.used[:bs]``, with ``max(0, counts - offset)`` drafts accepted each
+        (``counts [bs]``: committed tokens, accepted drafts then the bonus)."""
+        bs = counts.shape[0]
+        used_i, acc = self._used_i[:bs], self._acc[:bs]
+        used_i.copy_(self.used[:bs])  # bool -> int64 in place (mixed-dtype ops would allocate)
+        acc.copy_(counts)
+        acc.sub_(self._offset)
+        acc.clamp_(min=0)
+        acc.mul_(used_i)
+        torch.sum(used_i, 0, out=self._step[0])
+        torch.sum(acc, 0, out=self._step[1])
+        self.counters.add_(self._step)
+        self._host.copy_(self.counters, non_blocking=True)
+
+    def counts(self) -> dict:
+        """Host side, never waits."""
+        c, a = self._host.tolist()
+        return {self.names[0]: int(c), self.names[1]: int(a)}
