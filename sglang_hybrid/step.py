@@ -24,7 +24,7 @@ from .calibration import CalibrationTable
 from .calibration.apply import DeviceCalibration
 from .calibration.candidates import make_step_corpus
 from .calibration.online import OnlineCalibration
-from .calibration.tail import ModelTail
+from .calibration.tail import make_step_tail
 from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
@@ -119,11 +119,10 @@ class HybridStep:
         self.model_tokens = torch.zeros(max_bs, gamma, dtype=torch.int32, device=self.device)
         self.width = max(gamma, L)  # columns of a proposal; verify lengths are capped by it
         # The n-gram tail after the model chain (calibration/tail.py): it fills the columns past gamma.
-        tail = min(cfg.model_tail, self.width - gamma) if cfg.enable_model and cfg.enable_ngram else 0
-        self.tail_cfg = NgramConfig(n_min=cfg.n_min, n_max=cfg.n_max, max_draft=tail, window=cfg.window) \
-            if tail > 0 else None
-        self.tail = ModelTail(num_slots, max_bs, gamma, tail, self.device, online=cfg.online_calibration,
-                              strength=cfg.online_strength) if tail > 0 else None
+        self.tail = make_step_tail(
+            cfg.model_tail if cfg.enable_model and cfg.enable_ngram else 0, width=self.width, gamma=gamma,
+            n_min=cfg.n_min, n_max=cfg.n_max, window=cfg.window, num_slots=num_slots, max_bs=max_bs,
+            device=self.device, online=cfg.online_calibration, strength=cfg.online_strength)
         if self.tail is not None:
             self.history.reserve_after(gamma)
         self.sel = SelectionBuffers(max_bs, self.width, self.device)
@@ -243,7 +242,8 @@ class HybridStep:
             mt = self.model_tokens[:bs]
             mt.copy_(model_tokens)
             if self.tail is not None:  # the model chain extended by the n-gram continuation after it
-                tdraft = self.history.lookup_after(slots, self.tail_cfg, mt, out=self.tail.draft_buffers(bs))
+                tdraft = self.history.lookup_after(slots, self.tail.lookup_cfg, mt,
+                                                   out=self.tail.draft_buffers(bs))
                 mt, model_surv = self.tail.extend(slots, tdraft, self.calib_dev, mt, model_surv)
             out = self.sel.view(bs)
             select_chains(

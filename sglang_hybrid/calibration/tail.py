@@ -24,25 +24,27 @@ from typing import Optional
 
 import torch
 
-from ..ngram.config import NgramDraft
+from ..ngram.config import NgramConfig, NgramDraft
 from .counters import ChainCounters
 from .online import DEFAULT_STRENGTH, OnlineCalibration
 
-__all__ = ["ModelTail"]
+__all__ = ["ModelTail", "make_step_tail"]
 
 
 class ModelTail:
-    """Buffers and online record for tails of up to ``tail`` tokens after a model chain of ``gamma`` tokens.
+    """Buffers and online record for tails after a model chain of ``gamma`` tokens.
 
+    ``lookup_cfg``: the tail lookup's n-gram configuration; its ``max_draft`` is the longest tail (``self.tail``).
     ``online``: recalibrate the tail's table estimates from its outcomes (False: the table as is).
     """
 
-    def __init__(self, num_slots: int, max_bs: int, gamma: int, tail: int, device: torch.device | str, *,
-                 online: bool = True, strength: float = DEFAULT_STRENGTH) -> None:
+    def __init__(self, num_slots: int, max_bs: int, gamma: int, lookup_cfg: NgramConfig, device: torch.device | str,
+                 *, online: bool = True, strength: float = DEFAULT_STRENGTH) -> None:
+        tail = lookup_cfg.max_draft
         if gamma < 1 or tail < 1:
             raise ValueError(f"ModelTail: gamma and tail must be >= 1, got gamma={gamma}, tail={tail}")
         dev = torch.device(device)
-        self.gamma, self.tail = gamma, tail
+        self.gamma, self.tail, self.lookup_cfg = gamma, tail, lookup_cfg
         i32 = dict(dtype=torch.int32, device=dev)
         # The tail lookup's own output buffers (the history's default buffers hold the step's main lookup).
         self._draft = NgramDraft(torch.zeros(max_bs, tail, **i32), *(torch.zeros(max_bs, **i32) for _ in range(4)))
@@ -75,7 +77,8 @@ class ModelTail:
                model_surv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The model chain extended by its tail: ``(tokens, survival) [bs, gamma + tail]`` (views of buffers).
 
-        ``draft``: the tail lookup (``lookup_after(slots, cfg, model_tokens, out=self.draft_buffers(bs))``);
+        ``draft``: the tail lookup (``lookup_after(slots, self.lookup_cfg, model_tokens,
+        out=self.draft_buffers(bs))``);
         ``calibration``: a ``DeviceCalibration``; ``model_survival [bs, gamma]``: the model chain's prefix
         survivals. The tail's survivals are 0 past its length, so the selection never admits those columns."""
         bs, g = model_tokens.shape
@@ -121,3 +124,15 @@ class ModelTail:
         """Host side, never waits: ``tail_chosen`` (request-steps that verified the model chain into its tail)
         and ``accepted_tail`` (tail tokens accepted on them)."""
         return self.counters.counts()
+
+
+def make_step_tail(model_tail: int, *, width: int, gamma: int, n_min: int, n_max: int, window: int, num_slots: int,
+                   max_bs: int, device, online: bool = True, strength: float = DEFAULT_STRENGTH) -> Optional[ModelTail]:
+    """The ``ModelTail`` of a step whose chains are ``width`` columns (``None`` where no column is left past the
+    model chain, or with ``model_tail`` 0): tails of at most ``min(model_tail, width - gamma)`` tokens, looked up
+    with the step's n-gram settings. Shared by ``HybridStep`` and the simulator's ``HybridPolicy``."""
+    tail = min(model_tail, width - gamma)
+    if tail <= 0:
+        return None
+    cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=tail, window=window)
+    return ModelTail(num_slots, max_bs, gamma, cfg, device, online=online, strength=strength)

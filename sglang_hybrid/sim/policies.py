@@ -26,7 +26,7 @@ import torch
 from ..calibration.candidates import make_step_corpus
 from ..calibration.deferred import DEFAULT_DEPTH
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
-from ..calibration.tail import ModelTail
+from ..calibration.tail import make_step_tail
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
 from ..selection.sps2d import DenseSps2D, Sps2DTable
@@ -180,10 +180,9 @@ class HybridPolicy:
             corpus, corpus_entries, num_slots=max_bs, max_bs=max_bs, width=max_draft, device="cpu",
             backend="torch", online=online_calibration, strength=online_strength)
         # The n-gram tail after the model chain (calibration/tail.py), as HybridStep builds it.
-        tail = min(model_tail, width - gamma) if enable_ngram else 0
-        self.tail_cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=tail, window=window) if tail > 0 else None
-        self.tail = ModelTail(max_bs, max_bs, gamma, tail, "cpu", online=online_calibration,
-                              strength=online_strength) if tail > 0 else None
+        self.tail = make_step_tail(model_tail if enable_ngram else 0, width=width, gamma=gamma, n_min=n_min,
+                                   n_max=n_max, window=window, num_slots=max_bs, max_bs=max_bs, device="cpu",
+                                   online=online_calibration, strength=online_strength)
         self._history: Optional[TokenHistory] = None
 
     def on_prefill(self, slots: torch.Tensor) -> None:
@@ -225,7 +224,8 @@ class HybridPolicy:
         model_surv = torch.cumprod(inp.conf, dim=1)
         mtok = inp.model_tokens
         if self.tail is not None:  # the model chain extended by the n-gram continuation after it
-            td = history.lookup_after(inp.slots, self.tail_cfg, mtok, out=self.tail.draft_buffers(bs))
+            td = history.lookup_after(inp.slots, self.tail.lookup_cfg, mtok,
+                                      out=self.tail.draft_buffers(bs))
             mtok, model_surv = self.tail.extend(inp.slots, td, self.calib, mtok, model_surv)
         out = self.sel.view(bs)
         if self.fixed_window is None:
