@@ -17,8 +17,14 @@
 #   e2e             scripts/gpu_e2e_check.py: tiny-model SGLang launches, HYBRID_SPARK greedy output (verify
 #                   windows 4, 9, and 9 narrowed above bs 2) ==
 #                   plain decoding; prints "skipped: sglang not installed" and passes where sglang is absent
+#   bench_step      scripts/bench_step.py: the whole decode step (propose + record, DSpark shape, corpus off and
+#                   shared) at bs {1,4,32,128}, eager and as a CUDA-graph replay; also a test: the graph's
+#                   proposals and final state must equal the eager step's bit for bit
 #   bench_ngram     scripts/bench_ngram.py on CUDA, bs {1,4,32,128} x history {1k,8k,32k,128k}, torch and
 #                   Triton; then the Triton column again as CUDA-graph replays (bench_ngram_graph)
+#   bench_corpus    scripts/bench_ngram.py --corpus: the cross-request corpus's lookup and insert, torch and
+#                   Triton (bench_corpus_graph, run right after bench_step: Triton as CUDA-graph replays; the
+#                   issue's budget is under 30 us together at bs 128)
 #   bench_selection scripts/bench_selection.py on CUDA (if present), bs {1,4,32,128,512} x L {8,16,32}; it gets
 #                   what is left of the budget (the bs=512 kernel alone takes ~1 min to compile)
 #
@@ -33,6 +39,7 @@
 #   GPU_CHECK_SELECTION_K  a pytest -k expression for the selection tests
 #   GPU_CHECK_SITE         where carried wheels are installed (default /tmp/site)
 #   GPU_CHECK_NGRAM_SIZES  bench_ngram sizes (default "--bs 1,4,32,128 --hist 1k,8k,32k,128k")
+#   GPU_CHECK_STEP_SIZES   bench_step arguments (default "--bs 1,4,32,128")
 #   GPU_CHECK_DEVICE       cuda (default); "cpu" rehearses the whole script on a CPU machine (interpreter tests,
 #                          CPU benchmarks), e.g. GPU_CHECK_DEVICE=cpu GPU_CHECK_NGRAM_SIZES="--bs 1 --hist 1k"
 #
@@ -84,6 +91,11 @@ KERNEL_ENV=(HYBRID_TEST_DEVICE="$DEV" TRITON_INTERPRET="$INTERP")
 PYTEST=("$PY" -m pytest -v -p no:cacheprovider -rfE --durations=8 --tb=short)
 read -r -a NGRAM_SIZES <<< "${GPU_CHECK_NGRAM_SIZES:---bs 1,4,32,128 --hist 1k,8k,32k,128k}"
 NGRAM_BENCH=(scripts/bench_ngram.py --device "$DEV" "${NGRAM_SIZES[@]}" --repeats 20 --warmup 3)
+CORPUS_BENCH=(scripts/bench_ngram.py --device "$DEV" --corpus "${NGRAM_SIZES[@]}" --repeats 20 --warmup 3)
+CORPUS_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" --corpus "${NGRAM_SIZES[@]}" --backends triton --cuda-graph
+                    --repeats 20 --warmup 3)
+read -r -a STEP_SIZES <<< "${GPU_CHECK_STEP_SIZES:---bs 1,4,32,128}"
+STEP_BENCH=(scripts/bench_step.py --device "$DEV" "${STEP_SIZES[@]}")
 NGRAM_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" "${NGRAM_SIZES[@]}" --backends triton --cuda-graph
                    --repeats 20 --warmup 3)
 
@@ -222,6 +234,13 @@ run_section tests_calibration test 90 "$WORK/tests_calibration.txt" "${KERNEL_EN
     "${PYTEST[@]}" tests/test_calibration_apply.py
 run_section tests_ngram test 240 "$WORK/tests_ngram.txt" "${KERNEL_ENV[@]}" -- "${PYTEST[@]}" tests/test_ngram_*.py
 
+# ---------------------------------------------------------------------------------------------------- step
+# The whole decode step (propose + record) eager and as a CUDA-graph replay, and the graph == eager check
+# (a test: a graph that differs from the eager step, or fails to capture, fails the script).
+run_section bench_step test 150 "$WORK/bench_step.md" TRITON_INTERPRET="$INTERP" -- "$PY" "${STEP_BENCH[@]}"
+run_section bench_corpus_graph bench 60 "$WORK/bench_corpus_graph.md" TRITON_INTERPRET="$INTERP" -- \
+    "$PY" "${CORPUS_BENCH_GRAPH[@]}"
+
 SEL_RUN=()
 SEL_NOTES=()
 # a module-level import of sglang (or of the plugin, which imports it); sglang_hybrid.* otherwise is fine
@@ -260,6 +279,7 @@ run_section e2e test 240 "$WORK/e2e.txt" TRITON_INTERPRET="$INTERP" -- "$PY" scr
 
 # ---------------------------------------------------------------------------------------------------- benchmarks
 run_section bench_ngram bench 110 "$WORK/bench_ngram.md" TRITON_INTERPRET="$INTERP" -- "$PY" "${NGRAM_BENCH[@]}"
+run_section bench_corpus bench 90 "$WORK/bench_corpus.md" TRITON_INTERPRET="$INTERP" -- "$PY" "${CORPUS_BENCH[@]}"
 run_section bench_ngram_graph bench 90 "$WORK/bench_ngram_graph.md" TRITON_INTERPRET="$INTERP" -- \
     "$PY" "${NGRAM_BENCH_GRAPH[@]}"
 
@@ -305,7 +325,7 @@ if [ "$TEST_FAILED" = 0 ]; then VERDICT="PASS"; else VERDICT="FAIL"; fi
             echo '```'
         fi
     done
-    for b in bench_ngram bench_ngram_graph bench_selection; do
+    for b in bench_step bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph bench_selection; do
         if [ -s "$WORK/$b.md" ]; then echo; echo "## $b"; echo; cat "$WORK/$b.md"; fi
     done
     if [ -s "$WORK/e2e.txt" ]; then echo; echo "## e2e"; echo; echo '```'; tail -n 30 "$WORK/e2e.txt"; echo '```'; fi

@@ -20,8 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-SECTIONS = ["env", "wheels", "tests_calibration", "tests_ngram", "tests_selection", "bench_ngram",
-            "bench_ngram_graph", "bench_selection", "e2e"]
+SECTIONS = ["env", "wheels", "tests_calibration", "tests_ngram", "bench_step", "bench_corpus_graph", "tests_selection", "bench_ngram",
+            "bench_corpus", "bench_ngram_graph", "bench_selection", "e2e"]
 
 
 def _bash(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 120):
@@ -50,6 +50,8 @@ def test_dry_run_prints_every_section_and_runs_nothing(tmp_path: Path) -> None:
         assert f in ngram_line
     assert "scripts/bench_ngram.py --device cuda --bs 1,4,32,128 --hist 1k,8k,32k,128k" in text
     assert "--backends triton --cuda-graph" in text
+    assert "scripts/bench_ngram.py --device cuda --corpus --bs 1,4,32,128" in text
+    assert "scripts/bench_step.py --device cuda --bs 1,4,32,128" in text
     assert "scripts/gpu_e2e_check.py --device cuda" in text
     assert "RESULT: dry run, nothing executed" in text
     assert not out.exists()  # a dry run writes nothing
@@ -115,7 +117,7 @@ def test_real_run_in_a_fake_repo_logs_and_exit_status(tmp_path: Path) -> None:
     """Non-dry run on a CPU: the selection test gets the CUDA environment; a failing section fails the script."""
     repo = _fake_repo(tmp_path)
     out = tmp_path / "out"
-    skip = "env wheels tests_calibration tests_ngram bench_ngram bench_ngram_graph e2e"
+    skip = "env wheels tests_calibration tests_ngram bench_step bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph e2e"
     p = _bash(["scripts/gpu_check.sh"], repo, {"OUT": str(out), "GPU_CHECK_SKIP": skip})
     log = (out / "gpu_check.log").read_text()
     results = (out / "gpu_results.md").read_text()

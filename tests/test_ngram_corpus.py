@@ -199,3 +199,19 @@ def test_memory_cost_and_insert_prompt() -> None:
     c.insert_prompt(h, s, torch.tensor([len(prompt)]))
     assert int(c.cnt.sum()) == sum(min(p, 4) for p in range(len(prompt)))  # one update per (position, order)
     assert _ask(c, h, 1, [9, 5, 6])[0][:2] == [7, 8]
+
+
+def test_device_without_index_matches_a_history_on_the_same_device() -> None:
+    """``device="cuda"`` (no index, as a server passes it) takes histories on ``cuda:0``; on the GPU this failed with
+    "history is on cuda:0, the corpus on cuda" before the corpus normalised its device (found by
+    ``scripts/bench_step.py`` on an H200). On a CPU it checks the same path with ``"cpu"``."""
+    dev = DEV.type  # "cuda" or "cpu", no index
+    h = TokenHistory(2, 64, dev, max_batch_size=2, max_draft=4)
+    c = NgramCorpus(CorpusConfig(entries=1 << 10), dev, max_batch_size=2, max_draft=4)
+    assert c.device == h.device == c.tag.device
+    slots = torch.tensor([0, 1], dtype=torch.int32, device=h.device)
+    h.write_prompt(slots, torch.tensor([[1, 2, 3, 1, 2], [1, 2, 3, 1, 2]], dtype=torch.int32, device=h.device),
+                   torch.tensor([5, 5], dtype=torch.int32, device=h.device))
+    c.insert_prompt(h, slots, torch.tensor([5, 5], dtype=torch.int32, device=h.device), max_prompt_len=5)
+    d = c.lookup(h, slots)
+    assert d.tokens[0, 0].item() == 3 and int(d.length[0]) >= 1

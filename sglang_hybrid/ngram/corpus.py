@@ -165,6 +165,7 @@ class NgramCorpus:
         self.cnt = torch.zeros((nb, cfg.ways), dtype=torch.int32, device=device)
         self.claim = torch.full((cfg.entries,), ref.INT32_MAX, dtype=torch.int32, device=device)
         self.coef = make_coef(cfg.n_max, device)
+        self.device = self.tag.device  # normalised ("cuda" -> "cuda:0"): compared against the inputs' devices
         self.max_batch_size = max_batch_size
         self._zero_tenant = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
         self._start = torch.zeros(max_batch_size, dtype=torch.int32, device=device)

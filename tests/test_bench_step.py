@@ -1,0 +1,64 @@
+"""``scripts/bench_step.py`` on a CPU: the eager table runs, and its graph == eager check compares what it must
+(a replay that skips part of the step is reported, not passed). The real graph capture needs a GPU
+(``scripts/gpu_check.sh`` runs it there)."""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_step", ROOT / "scripts" / "bench_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _args(**kw):
+    a = dict(corpus_entries=1 << 12, hist=256, gamma=7, window=16, vocab=16, prompt=128, warmup=2, check_steps=4)
+    a.update(kw)
+    return types.SimpleNamespace(**a)
+
+
+def test_cpu_table_runs(capsys) -> None:
+    mod = _load()
+    import sys
+
+    argv = sys.argv
+    sys.argv = ["bench_step.py", "--device", "cpu", "--bs", "2", "--hist", "256", "--prompt", "128",
+                "--repeats", "2", "--warmup", "1", "--corpus-entries", "4096"]
+    try:
+        assert mod.main() == 0
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    assert "| 2 | off |" in out and "| 2 | shared |" in out and "n/a (no GPU)" in out
+
+
+def test_check_passes_an_exact_replay_and_reports_a_wrong_one(monkeypatch) -> None:
+    mod = _load()
+    monkeypatch.setattr(mod.torch.cuda, "synchronize", lambda: None)
+    cpu = torch.device("cpu")
+    # an exact "graph": the eager step itself
+    monkeypatch.setattr(mod, "_capture", lambda b: types.SimpleNamespace(replay=b.run))
+    for corpus in ("off", "shared"):
+        assert mod._check(_args(), 3, corpus, cpu) == "exact"
+
+    # a replay that proposes but never records: the histories drift apart, the check names what differs
+    def propose_only(b):
+        def replay():
+            p = b.step.propose(b.slots, b.mt, model_confidence=b.mc)
+            w = p.tokens.shape[1]
+            b.out_tokens[:, :w].copy_(p.tokens)
+            b.out_vlen.copy_(p.verify_len)
+            b.out_choice.copy_(p.choice)
+        return types.SimpleNamespace(replay=replay)
+
+    monkeypatch.setattr(mod, "_capture", propose_only)
+    assert mod._check(_args(), 3, "shared", cpu).startswith("DIFF ")
