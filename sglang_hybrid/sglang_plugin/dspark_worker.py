@@ -135,8 +135,17 @@ class HybridDSparkWorker(DSparkWorkerV2):
         if self.hybrid.tail is not None:
             self._tail_cols = (torch.arange(window, device=self.device) >= gamma).view(1, -1)
             self._onehot_mask = torch.zeros(max_bs, window, dtype=torch.bool, device=self.device)
+        from ..warmup import warm_up_for_serving
         from .observability import install
 
+        def warm_inputs(bs: int) -> dict:  # as _hybrid_merge passes them: int64 slots, slices of DSpark's block
+            tokens = torch.zeros(bs, window, dtype=torch.int64, device=self.device)
+            conf = torch.full((bs, window), 0.5, dtype=torch.float32, device=self.device)
+            return {"slots": torch.arange(bs, dtype=torch.int64, device=self.device), "model_tokens": tokens[:, :gamma],
+                    "model_confidence": conf[:, :gamma],
+                    "context_tokens": self._ctx_tokens if self.hybrid.sps2d is not None else None}
+
+        warm_up_for_serving(self.hybrid, warm_inputs)
         install(self.hybrid, extra=self._hybrid_extra_metrics)
         logger.info(
             "HYBRID_SPARK (DSpark) ready: %d slots, model block %d, verify window %d, verify mode %s, SPS %s, "

@@ -85,8 +85,15 @@ class HybridMixin:
             reserve(self.device, window, max_bs)
         self._hybrid_cols = torch.arange(window + 1, dtype=torch.int32, device=self.device).view(1, -1)
         self._hybrid_unlink = torch.zeros(max_bs, window + 1, dtype=torch.bool, device=self.device)
+        from ..warmup import warm_up_for_serving
         from .observability import install
 
+        def warm_inputs(bs: int) -> dict:  # as verify() passes them: int64 slots, a slice of the draft tokens
+            tokens = torch.zeros(bs, window + 1, dtype=torch.int64, device=self.device)
+            return {"slots": torch.arange(bs, dtype=torch.int64, device=self.device),
+                    "model_tokens": tokens[:, 1 : 1 + gamma], "window": window}
+
+        warm_up_for_serving(self.hybrid, warm_inputs)
         install(self.hybrid)
         logger.info(
             "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, verify window %d, n-gram %s",
