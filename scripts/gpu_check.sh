@@ -237,7 +237,7 @@ run_section tests_ngram test 240 "$WORK/tests_ngram.txt" "${KERNEL_ENV[@]}" -- "
 # ---------------------------------------------------------------------------------------------------- step
 # The whole decode step (propose + record) eager and as a CUDA-graph replay, and the graph == eager check
 # (a test: a graph that differs from the eager step, or fails to capture, fails the script).
-run_section bench_step test 150 "$WORK/bench_step.md" TRITON_INTERPRET="$INTERP" -- "$PY" "${STEP_BENCH[@]}"
+run_section bench_step test 240 "$WORK/bench_step.md" TRITON_INTERPRET="$INTERP" -- "$PY" "${STEP_BENCH[@]}"
 run_section bench_corpus_graph bench 60 "$WORK/bench_corpus_graph.md" TRITON_INTERPRET="$INTERP" -- \
     "$PY" "${CORPUS_BENCH_GRAPH[@]}"
 
