@@ -24,6 +24,7 @@ _NOT_OPTIONS = {ENV_CONFIG_FILE, "SGLANG_HYBRID_RESOLVED_DRAFT_KIND", "SGLANG_HY
 MAX_DRAFT_LIMIT = 64  # longest n-gram chain (the lookup kernels' limit)
 DRAFT_KINDS = ("auto", "eagle", "eagle3", "standalone", "dspark")
 CORPUS_MODES = ("off", "shared", "tenant")  # isolation of the cross-request corpus
+WARMUP_MODES = ("auto", "on", "off")  # start-up warm-up of the decode step (warmup.py): auto = on a GPU only
 
 
 class HybridConfigError(ValueError):
@@ -62,6 +63,7 @@ class HybridConfig:
     corpus_entries: int = 1 << 21  # its table entries (a power of two); device memory 16 bytes per entry
     model_tail: int = MAX_DRAFT_LIMIT  # n-gram tail drafted after the model chain (calibration/tail.py), at most
     # this many tokens, capped by the chain width minus gamma (so 0 wherever the window is only gamma); 0 = off
+    warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> HybridConfigError:
@@ -99,6 +101,8 @@ class HybridConfig:
             raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
         if not (0 <= self.model_tail <= MAX_DRAFT_LIMIT):
             raise bad("model_tail", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_tail}")
+        if self.warmup not in WARMUP_MODES:
+            raise bad("warmup", f"must be one of {WARMUP_MODES}, got {self.warmup!r}")
         if self.corpus not in CORPUS_MODES:
             raise bad("corpus", f"must be one of {CORPUS_MODES}, got {self.corpus!r}")
         if self.corpus_entries < 8 or self.corpus_entries & (self.corpus_entries - 1):

@@ -124,11 +124,16 @@ def warm_up(step, batch_sizes: Optional[list[int]] = None,
 
 
 def warm_up_for_serving(step, inputs: Optional[Callable[[int], dict]] = None) -> None:
-    """What the workers call at start-up: on a GPU, :func:`warm_up` with the sizes and time logged; on a CPU
-    nothing (the torch kernels there compile nothing, and the e2e tests' pools would make it slow)."""
-    log = logging.getLogger("sglang_hybrid")
-    if step.device.type != "cuda":
+    """What the workers call at start-up, as option ``warmup`` says: ``auto`` (default) runs :func:`warm_up` on a
+    GPU only (a CPU's torch kernels compile nothing), ``on`` always (the CPU e2e tests use it to run the
+    workers' wiring), ``off`` never. The sizes and the time go to the log and to the metrics
+    (``warmup_batch_sizes``, ``warmup_max_batch_size``, ``warmup_seconds``)."""
+    mode = step.cfg.warmup
+    if mode == "off" or (mode == "auto" and step.device.type != "cuda"):
         return
+    log = logging.getLogger("sglang_hybrid")
     log.info("HYBRID_SPARK: compiling the decode step's kernels for each batch-size class (start-up only) ...")
     sizes, secs = warm_up(step, inputs=inputs)
+    step.extra_metrics.update(warmup_batch_sizes=len(sizes), warmup_max_batch_size=sizes[-1],
+                              warmup_seconds=round(secs, 3))
     log.info("HYBRID_SPARK: decode step warmed up for batch sizes %s in %.1f s", sizes, secs)

@@ -36,6 +36,7 @@ def test_env_overrides_file(tmp_path):
         ({"SGLANG_HYBRID_MAX_DRAFT": "65"}, "'max_draft'"),
         ({"SGLANG_HYBRID_MODEL_TAIL": "-1"}, "'model_tail'"),
         ({"SGLANG_HYBRID_MODEL_TAIL": "65"}, "'model_tail'"),
+        ({"SGLANG_HYBRID_WARMUP": "yes"}, "'warmup'"),
         ({"SGLANG_HYBRID_NARROW_ABOVE": "-2"}, "'narrow_above'"),
         ({"SGLANG_HYBRID_NARROW_ABOVE": "sometimes"}, "'narrow_above'"),
         ({"SGLANG_HYBRID_ONLINE_DEFER": "-1"}, "'online_defer'"),

@@ -124,3 +124,18 @@ def test_worker_style_inputs_int64_slices_and_window() -> None:
     assert warm_up(s, inputs=inputs)[0] == [1, 2, 4, 6]
     assert s.active_window == fresh.active_window and s.window_switches == 0  # host counters restored
     assert _equal(before, _state(s)) == []
+
+
+@pytest.mark.parametrize("mode,runs", [("auto", False), ("on", True), ("off", False)])
+def test_serving_entry_follows_the_option(mode: str, runs: bool, monkeypatch) -> None:
+    """On a CPU: ``auto`` and ``off`` run nothing, ``on`` runs the warm-up."""
+    from sglang_hybrid import warmup as wmod
+
+    calls = []
+    monkeypatch.setattr(wmod, "warm_up", lambda step, inputs=None: (calls.append(inputs), ([1], 0.0))[1])
+    cfg = HybridConfig(warmup=mode)
+    s = HybridStep(cfg, num_slots=2, width=32, gamma=GAMMA, max_bs=2, device="cpu", kernel_backend="torch")
+    wmod.warm_up_for_serving(s, inputs="layout")
+    assert calls == (["layout"] if runs else [])
+    m = s.metrics()
+    assert (m.get("warmup_batch_sizes"), m.get("warmup_max_batch_size")) == ((1, 1) if runs else (None, None))

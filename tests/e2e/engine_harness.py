@@ -135,6 +135,9 @@ register_config(EngineConfig("eagle3", algorithm="EAGLE3", draft="eagle3"))
 # HYBRID_SPARK over each tiny drafter. SGLANG_HYBRID_SYNC_GUARD=1 makes any host read of tensor data inside
 # the HYBRID_SPARK decode step raise (and so fail the test that triggered it).
 _GUARD = ("SGLANG_HYBRID_SYNC_GUARD", "1")
+# The start-up warm-up runs on a GPU only by default; "on" runs it here too, so the workers' wiring of it (their
+# input layouts, the restore) is exercised through real SGLang, and the lossless suites run after it.
+_WARMUP = ("SGLANG_HYBRID_WARMUP", "on")
 register_config(EngineConfig("hybrid_spark_standalone", algorithm="HYBRID_SPARK", draft="standalone", env=(_GUARD,)))
 register_config(EngineConfig("hybrid_spark_eagle3", algorithm="HYBRID_SPARK", draft="eagle3", env=(_GUARD,)))
 # Ablation: the model still drafts, but only n-gram chains are verified.
@@ -150,7 +153,7 @@ register_config(
     EngineConfig(
         "hybrid_spark_wide", algorithm="HYBRID_SPARK", draft="standalone",
         engine_kwargs=(("speculative_num_steps", 2), ("speculative_num_draft_tokens", None)),
-        env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7")),
+        env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), _WARMUP),
     )
 )
 
@@ -210,7 +213,7 @@ _register_dspark("hybrid_dspark_cap", "HYBRID_SPARK", "cap-accept", env=(_GUARD,
 # compact also runs the cross-request corpus (shared, a 64Ki-entry table) and the 2-D SPS price (the roofline
 # model, rewritten each step for the batch's context): the lossless suite covers both there.
 _register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact",
-                 env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
+                 env=(_GUARD, _WARMUP, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
                       ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 16)), ("SGLANG_HYBRID_SPS2D_TABLE", "roofline")))
 
 LOSSLESS_SPEC_CONFIGS: List[str] = [

@@ -112,6 +112,8 @@ def test_ngram_chain_is_chosen_and_accepts_past_the_dspark_block(engine_pool, pr
     # The n-gram tail after the 3-token block fills the other 4 columns, and the planner verified into it on some
     # steps (the output above is lossless with it; the tiny random drafter's tails are rarely accepted).
     assert server["model_tail_tokens"] == 8 - 1 - DSPARK_GAMMA and server["tail_chosen"] > 0, server
+    # This engine warmed the step up at start-up (SGLANG_HYBRID_WARMUP=on): 1, the powers of two, the slot count.
+    assert server["warmup_batch_sizes"] >= 2 and server["warmup_max_batch_size"] >= 2, server
 
 
 @pytest.mark.parametrize("max_new", [3, 5, 6])

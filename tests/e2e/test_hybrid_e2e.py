@@ -47,6 +47,10 @@ def test_ngram_chain_is_chosen_on_repeats_and_accepts_several_tokens(engine_pool
         assert accepted / ngram_steps > steps, per_req
         assert server["proposed_ngram"] > steps * server["ngram_chosen"], server
         assert (server["model_chain_tokens"], server["verify_window_tokens"]) == (steps, 8), server
+        # warmed up at start-up (SGLANG_HYBRID_WARMUP=on for this engine), and served losslessly after it
+        assert server["warmup_batch_sizes"] >= 2 and server["warmup_max_batch_size"] >= 2, server
+    else:
+        assert "warmup_batch_sizes" not in server, server  # the default (auto) warms up on a GPU only
 
 
 def _narrow_steps_by_batch(engine, batch_sizes, prompts, hf_reference):
