@@ -17,6 +17,8 @@
 #   e2e             scripts/gpu_e2e_check.py: tiny-model SGLang launches, HYBRID_SPARK greedy output (verify
 #                   windows 4, 9, and 9 narrowed above bs 2) ==
 #                   plain decoding; prints "skipped: sglang not installed" and passes where sglang is absent
+#   tests_step_graphs  tests/test_step_graphs.py: the decode step replayed as real CUDA graphs (graphs.py, option
+#                   step_graphs) equals the eager step bit for bit
 #   bench_step      scripts/bench_step.py: the whole decode step (propose + record, DSpark shape, corpus off and
 #                   shared) at bs {1,4,32,128}, eager and as a CUDA-graph replay; also a test: the graph's
 #                   proposals and final state must equal the eager step's bit for bit
@@ -234,6 +236,10 @@ run_section tests_calibration test 90 "$WORK/tests_calibration.txt" "${KERNEL_EN
     "${PYTEST[@]}" tests/test_calibration_apply.py
 run_section tests_ngram test 240 "$WORK/tests_ngram.txt" "${KERNEL_ENV[@]}" -- "${PYTEST[@]}" tests/test_ngram_*.py
 
+# The step replayed as CUDA graphs through sglang_hybrid/graphs.py (option step_graphs) == the eager step
+run_section tests_step_graphs test 120 "$WORK/tests_step_graphs.txt" "${KERNEL_ENV[@]}" -- \
+    "${PYTEST[@]}" tests/test_step_graphs.py
+
 # ---------------------------------------------------------------------------------------------------- step
 # The whole decode step (propose + record) eager and as a CUDA-graph replay, and the graph == eager check
 # (a test: a graph that differs from the eager step, or fails to capture, fails the script).
@@ -318,7 +324,7 @@ if [ "$TEST_FAILED" = 0 ]; then VERDICT="PASS"; else VERDICT="FAIL"; fi
     echo "|---|---|---:|"
     printf '%s\n' "${SUMMARY[@]}"
     for n in ${SEL_NOTES[@]+"${SEL_NOTES[@]}"}; do echo "- tests_selection: $n"; done
-    for sec in tests_calibration tests_ngram tests_selection; do
+    for sec in tests_calibration tests_ngram tests_step_graphs tests_selection; do
         if [ -s "$WORK/$sec.txt" ]; then
             echo; echo "## $sec (pytest summary)"; echo; echo '```'
             grep -E '(passed|failed|error|skipped)( |,|$)|^(FAILED|ERROR) ' "$WORK/$sec.txt" | tail -n 40

@@ -24,7 +24,8 @@ _NOT_OPTIONS = {ENV_CONFIG_FILE, "SGLANG_HYBRID_RESOLVED_DRAFT_KIND", "SGLANG_HY
 MAX_DRAFT_LIMIT = 64  # longest n-gram chain (the lookup kernels' limit)
 DRAFT_KINDS = ("auto", "eagle", "eagle3", "standalone", "dspark")
 CORPUS_MODES = ("off", "shared", "tenant")  # isolation of the cross-request corpus
-WARMUP_MODES = ("auto", "on", "off")  # start-up warm-up of the decode step (warmup.py): auto = on a GPU only
+WARMUP_MODES = ("auto", "on", "off")
+STEP_GRAPHS_MODES = ("off", "on")  # CUDA-graph replay of the decode step (graphs.py)  # start-up warm-up of the decode step (warmup.py): auto = on a GPU only
 
 
 class HybridConfigError(ValueError):
@@ -64,6 +65,7 @@ class HybridConfig:
     model_tail: int = MAX_DRAFT_LIMIT  # n-gram tail drafted after the model chain (calibration/tail.py), at most
     # this many tokens, capped by the chain width minus gamma (so 0 wherever the window is only gamma); 0 = off
     warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
+    step_graphs: str = "off"  # "on": replay propose / record as CUDA graphs, one per call shape (graphs.py; GPU)
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> HybridConfigError:
@@ -101,6 +103,8 @@ class HybridConfig:
             raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
         if not (0 <= self.model_tail <= MAX_DRAFT_LIMIT):
             raise bad("model_tail", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_tail}")
+        if self.step_graphs not in STEP_GRAPHS_MODES:
+            raise bad("step_graphs", f"must be one of {STEP_GRAPHS_MODES}, got {self.step_graphs!r}")
         if self.warmup not in WARMUP_MODES:
             raise bad("warmup", f"must be one of {WARMUP_MODES}, got {self.warmup!r}")
         if self.corpus not in CORPUS_MODES:

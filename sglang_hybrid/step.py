@@ -202,13 +202,8 @@ class HybridStep:
         the selection prices verify tokens at that context.
         """
         bs = model_tokens.shape[0]
-        win = self.verify_window if window is None else int(window)
+        win = self.note_window(window)
         w = min(win, self.width)
-        if win != self.active_window:
-            self.window_switches += 1
-            self.active_window = win
-        if win < self.verify_window:
-            self.narrow_steps += 1
         with sync_guard(self._guard):
             if self.sps2d is not None and context_tokens is not None:
                 self.sps2d.fill(context_tokens, self.sps_dense)
@@ -254,6 +249,17 @@ class HybridStep:
             self.price.copy_(out.price)
             return Proposal(tokens=out.tokens[:, :w], verify_len=out.verify_len, choice=out.choice,
                             survival=out.survival[:, :w])
+
+    def note_window(self, window: Optional[int]) -> int:
+        """The host-side bookkeeping of a step's verify window (``propose`` calls it; so does a graph replay of
+        ``propose``, which runs no Python): returns the window, counts switches and narrowed steps."""
+        win = self.verify_window if window is None else int(window)
+        if win != self.active_window:
+            self.window_switches += 1
+            self.active_window = win
+        if win < self.verify_window:
+            self.narrow_steps += 1
+        return win
 
     def conditional_confidence(self, proposal: Proposal) -> torch.Tensor:
         """The chosen chains as per-token conditional acceptance ``[bs, width]`` (DSpark's ``confidence``).

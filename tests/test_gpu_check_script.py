@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-SECTIONS = ["env", "wheels", "tests_calibration", "tests_ngram", "bench_step", "bench_corpus_graph", "tests_selection", "bench_ngram",
+SECTIONS = ["env", "wheels", "tests_calibration", "tests_ngram", "tests_step_graphs", "bench_step", "bench_corpus_graph", "tests_selection", "bench_ngram",
             "bench_corpus", "bench_ngram_graph", "bench_selection", "e2e"]
 
 
@@ -117,7 +117,7 @@ def test_real_run_in_a_fake_repo_logs_and_exit_status(tmp_path: Path) -> None:
     """Non-dry run on a CPU: the selection test gets the CUDA environment; a failing section fails the script."""
     repo = _fake_repo(tmp_path)
     out = tmp_path / "out"
-    skip = "env wheels tests_calibration tests_ngram bench_step bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph e2e"
+    skip = "env wheels tests_calibration tests_ngram tests_step_graphs bench_step bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph e2e"
     p = _bash(["scripts/gpu_check.sh"], repo, {"OUT": str(out), "GPU_CHECK_SKIP": skip})
     log = (out / "gpu_check.log").read_text()
     results = (out / "gpu_results.md").read_text()

@@ -135,6 +135,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
         if self.hybrid.tail is not None:
             self._tail_cols = (torch.arange(window, device=self.device) >= gamma).view(1, -1)
             self._onehot_mask = torch.zeros(max_bs, window, dtype=torch.bool, device=self.device)
+        from ..graphs import for_serving
         from ..warmup import warm_up_for_serving
         from .observability import install
 
@@ -146,6 +147,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
                     "context_tokens": self._ctx_tokens if self.hybrid.sps2d is not None else None}
 
         warm_up_for_serving(self.hybrid, warm_inputs)
+        self._hybrid_calls = for_serving(self.hybrid)  # the step, or its CUDA-graph replay (step_graphs)
         install(self.hybrid, extra=self._hybrid_extra_metrics)
         logger.info(
             "HYBRID_SPARK (DSpark) ready: %d slots, model block %d, verify window %d, verify mode %s, SPS %s, "
@@ -168,7 +170,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
         if hy.sps2d is not None:  # the KV tokens this step reads: the 2-D price's context
             ctx = self._ctx_tokens
             torch.sum(batch.seq_lens, 0, dtype=torch.float32, out=ctx)
-        chosen = hy.propose(
+        chosen = self._hybrid_calls.propose(
             batch.req_pool_indices, tokens[:, :m],
             model_confidence=None if conf is None else conf[:, :m], context_tokens=ctx,
         )
@@ -228,8 +230,8 @@ class HybridDSparkWorker(DSparkWorkerV2):
             verified = self._full_vlen[:bs]
             if out.cap_lens is not None:  # the ragged layout's rows per request, root included
                 verified = torch.sub(out.cap_lens, self._one_i32, out=self._verified[:bs])
-            self.hybrid.record(batch.req_pool_indices, chosen, out.next_token_ids.view(bs, -1), out.accept_lens,
-                               verified_len=verified)
+            self._hybrid_calls.record(batch.req_pool_indices, chosen, out.next_token_ids.view(bs, -1),
+                                      out.accept_lens, verified_len=verified)
             budget = getattr(batch.spec_info, "verify_token_budget", None)
             self._hybrid_last_budget = budget if isinstance(budget, int) else None
             if self.hybrid.should_log():

@@ -85,6 +85,7 @@ class HybridMixin:
             reserve(self.device, window, max_bs)
         self._hybrid_cols = torch.arange(window + 1, dtype=torch.int32, device=self.device).view(1, -1)
         self._hybrid_unlink = torch.zeros(max_bs, window + 1, dtype=torch.bool, device=self.device)
+        from ..graphs import for_serving
         from ..warmup import warm_up_for_serving
         from .observability import install
 
@@ -94,6 +95,7 @@ class HybridMixin:
                     "model_tokens": tokens[:, 1 : 1 + gamma], "window": window}
 
         warm_up_for_serving(self.hybrid, warm_inputs)
+        self._hybrid_calls = for_serving(self.hybrid)  # the step, or its CUDA-graph replay (step_graphs)
         install(self.hybrid)
         logger.info(
             "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, verify window %d, n-gram %s",
@@ -147,7 +149,7 @@ class HybridMixin:
         if active:
             bs = batch.req_pool_indices.shape[0]
             tokens = vi.draft_token.view(bs, n)
-            proposal = hy.propose(batch.req_pool_indices, tokens[:, 1 : 1 + hy.gamma], window=n - 1)
+            proposal = self._hybrid_calls.propose(batch.req_pool_indices, tokens[:, 1 : 1 + hy.gamma], window=n - 1)
             tokens[:, 1 : 1 + proposal.tokens.shape[1]].copy_(proposal.tokens)
             # Cap each request's acceptance at its verify length: unlink the chain after node verify_len.
             unlink = self._hybrid_unlink[:bs, :n]
@@ -157,7 +159,7 @@ class HybridMixin:
         if proposal is not None:
             bs = batch.req_pool_indices.shape[0]
             committed = out.next_token_ids.view(bs, -1)
-            self.hybrid.record(batch.req_pool_indices, proposal, committed, out.accept_lens)
+            self._hybrid_calls.record(batch.req_pool_indices, proposal, committed, out.accept_lens)
             if self.hybrid.should_log():
                 logger.info("HYBRID_SPARK metrics %s", self.hybrid.metrics())
         return out
