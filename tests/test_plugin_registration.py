@@ -91,6 +91,7 @@ def test_registers_and_resolves_chain_defaults(model_dirs):
          "--speculative-eagle-topk must be 1"),
         ([], {"SGLANG_HYBRID_N_MIN": "9"}, "'n_max'"),
         ([], {"SGLANG_HYBRID_BOGUS": "1"}, "unknown sglang-hybrid option 'bogus'"),
+        ([], {"SGLANG_HYBRID_STEP_GRAPHS": "on"}, "'step_graphs': 'on' replays CUDA graphs and needs --device cuda"),
         (["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"], {},
          "--speculative-num-draft-tokens (the verify window, root included) must be >= --speculative-num-steps + 1"),
         (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"], {"SGLANG_HYBRID_MAX_DRAFT": "8"},

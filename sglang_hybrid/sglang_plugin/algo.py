@@ -80,6 +80,10 @@ def validate_and_resolve(args: Any, cfg: HybridConfig) -> str:
         raise HybridConfigError(f"{ALGO_NAME} does not support --speculative-adaptive")
     if getattr(args, "enable_multi_layer_eagle", False):
         raise HybridConfigError(f"{ALGO_NAME} does not support --enable-multi-layer-eagle")
+    device = getattr(args, "device", None)
+    if cfg.step_graphs == "on" and device is not None and not str(device).startswith("cuda"):
+        raise HybridConfigError(
+            f"sglang-hybrid option 'step_graphs': 'on' replays CUDA graphs and needs --device cuda, got {device}")
     if kind == "dspark":
         return kind  # the window and block checks: dspark_args.resolve_dspark_args
     steps = getattr(args, "speculative_num_steps", None)
