@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Count the torch ops one Hybrid Spark decode step (``propose`` + ``record``) issues outside its Triton kernels,
+by component: what an eager launch of the step pays per op on a GPU (see README "On an H200").
+
+Runs on a CPU: the Triton kernels under the interpreter (their insides are not counted; each is one launch on
+a GPU), the rest as the worker runs it, in the DSpark shape of ``scripts/bench_step.py`` at batch ``--bs``.
+Prints one line per component: top-level ``aten::`` ops (views included) and Triton kernel calls.
+
+    python scripts/count_step_ops.py --corpus off
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ["SGLANG_HYBRID_SYNC_GUARD"] = "1"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+import bench_step  # noqa: E402
+from sglang_hybrid import step as step_mod  # noqa: E402
+from sglang_hybrid.config import HybridConfig  # noqa: E402
+from sglang_hybrid.step import HybridStep  # noqa: E402
+
+COMPONENTS = {"history": ["lookup", "append", "lookup_after"], "calib_dev": ["apply"],
+              "online": ["apply", "update", "update_from_history"], "corpus": ["lookup", "insert"],
+              "corpus_cand": ["price", "choose", "update"], "tail": ["extend", "update", "draft_buffers"],
+              "stats": ["update"]}
+KERNELS = {"history": ["_lookup", "_append"], "calib_dev": ["_fn"], "corpus": ["_lookup", "_insert"]}
+
+
+def _tag(obj, name: str, label: str) -> None:
+    fn = getattr(obj, name)
+
+    def run(*a, **k):
+        with record_function(label):
+            return fn(*a, **k)
+
+    setattr(obj, name, run)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpus", default="off", choices=["off", "shared", "tenant"])
+    p.add_argument("--bs", type=int, default=4)
+    a = p.parse_args()
+    args = argparse.Namespace(corpus_entries=1 << 16, hist=1024, gamma=7, window=16, vocab=64, prompt=512)
+    b = bench_step.Bench(args, a.bs, "off", torch.device("cpu"))
+    st = HybridStep(HybridConfig(corpus=a.corpus, corpus_entries=args.corpus_entries), num_slots=a.bs,
+                    width=args.hist, gamma=args.gamma, max_bs=a.bs, device="cpu", verify_window=args.window,
+                    kernel_backend="triton")
+    b.step = st
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, args.vocab, (a.bs, args.prompt), generator=g, dtype=torch.int32)
+    st.on_prefill(b.slots, prompt, torch.full((a.bs,), args.prompt, dtype=torch.int32), prompt[:, -1])
+    for comp, names in KERNELS.items():
+        for n in names:
+            if getattr(st, comp, None) is not None:
+                _tag(getattr(st, comp), n, "K")
+    for comp, names in COMPONENTS.items():
+        for n in names:
+            if getattr(st, comp, None) is not None and hasattr(getattr(st, comp), n):
+                _tag(getattr(st, comp), n, f"C:{comp}.{n}")
+    real = step_mod.select_chains
+
+    def sel(*x, **k):  # one kernel on a GPU; its interpreter ops are not counted
+        with record_function("K"):
+            return real(*x, **k)
+
+    step_mod.select_chains = sel
+    inputs = bench_step._inputs(args, a.bs, 3, torch.device("cpu"))
+    for x in inputs[:2]:
+        b.set_inputs(x)
+        b.run()
+    b.set_inputs(inputs[2])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        b.run()
+    ops, kernels = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        scope, inside_kernel, par = "glue", False, e.cpu_parent
+        while par is not None:
+            if par.name == "K" and e.name != "K":
+                inside_kernel = True
+            if par.name.startswith("C:") and scope == "glue":
+                scope = par.name[2:]
+            par = par.cpu_parent
+        if e.name == "K":
+            kernels[scope] += 1
+        elif e.name.startswith("aten::") and not inside_kernel and (
+                e.cpu_parent is None or e.cpu_parent.name.startswith("C:")):
+            ops[scope] += 1
+    print(f"corpus={a.corpus} bs={a.bs}: {sum(ops.values())} top-level torch ops, "
+          f"{sum(kernels.values())} Triton kernel calls")
+    for scope in sorted(set(ops) | set(kernels), key=lambda s: -ops[s]):
+        print(f"  {scope:28s} {ops[scope]:4d} ops  {kernels[scope]:2d} kernels")
+
+
+if __name__ == "__main__":
+    main()
