@@ -62,3 +62,21 @@ def test_check_passes_an_exact_replay_and_reports_a_wrong_one(monkeypatch) -> No
 
     monkeypatch.setattr(mod, "_capture", propose_only)
     assert mod._check(_args(), 3, "shared", cpu).startswith("DIFF ")
+
+
+def test_count_step_ops_reports_each_component() -> None:
+    """``scripts/count_step_ops.py`` (the eager step's op count, by component) runs and sees the corpus."""
+    import subprocess
+    import sys
+
+    out = {}
+    for corpus in ("off", "shared"):
+        p = subprocess.run([sys.executable, str(ROOT / "scripts" / "count_step_ops.py"), "--corpus", corpus, "--bs",
+                            "2"], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        out[corpus] = p.stdout
+    head = [o.splitlines()[0] for o in out.values()]
+    n = [int(h.split(": ")[1].split()[0]) for h in head]
+    assert 0 < n[0] < n[1], head  # the corpus adds ops
+    assert "online.update_from_history" in out["off"] and "corpus_cand.update" in out["shared"]
+    assert "corpus_cand" not in out["off"]
