@@ -29,15 +29,32 @@ from .config import HybridConfigError
 from .step import HybridStep, Proposal
 
 
-def cuda_capture(fn: Callable[[], None]):
-    """Capture ``fn`` in a CUDA graph on a side stream; returns the graph (``.replay()``)."""
+def cuda_capture(fn: Callable[[], None], pool=None):
+    """Capture ``fn`` in a CUDA graph on a side stream; returns the graph (``.replay()``). ``pool``: a memory pool
+    (``torch.cuda.graph_pool_handle()``) shared with other captures."""
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=stream):
+    # thread_local: the capture happens while serving, and SGLang's other threads may touch CUDA meanwhile
+    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     return graph
+
+
+class SharedPoolCapture:
+    """:func:`cuda_capture` with one memory pool for all of a step's graphs. The step's outputs live in its own
+    buffers, so what a graph allocates is scratch, dead when its replay ends; the graphs replay one at a time on
+    one stream, so they can share it. One pool per graph would hold at least a 2 MiB segment each, and a server
+    can meet hundreds of call shapes. SGLang shares one pool across its own decode graphs in the same way."""
+
+    def __init__(self) -> None:
+        self.pool = None
+
+    def __call__(self, fn: Callable[[], None]):
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        return cuda_capture(fn, self.pool)
 
 
 def _sig(t: Optional[torch.Tensor]):
@@ -62,13 +79,14 @@ def _fill(dst: Optional[torch.Tensor], src: Optional[torch.Tensor]) -> None:
 class GraphedStep:
     """``propose`` / ``record`` of ``step`` as graph replays, one pair of graphs per call shape.
 
-    ``capture(fn) -> graph``: how a graph is made (:func:`cuda_capture`; the CPU tests pass a stand-in).
+    ``capture(fn) -> graph``: how a graph is made (default :class:`SharedPoolCapture`; the CPU tests pass a
+    stand-in).
     Everything else of the step (``on_prefill``, ``planner_confidence``, metrics) is used from ``step``.
     """
 
-    def __init__(self, step: HybridStep, capture: Callable = cuda_capture) -> None:
+    def __init__(self, step: HybridStep, capture: Optional[Callable] = None) -> None:
         self.step = step
-        self._capture = capture
+        self._capture = capture if capture is not None else SharedPoolCapture()
         self._propose: dict = {}
         self._record: dict = {}
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_hybrid.config import HybridConfig, HybridConfigError
-from sglang_hybrid.graphs import GraphedStep, cuda_capture, for_serving
+from sglang_hybrid.graphs import GraphedStep, SharedPoolCapture, for_serving
 from sglang_hybrid.step import HybridStep
 
 GAMMA = 4
@@ -120,5 +120,5 @@ def test_for_serving_follows_the_option() -> None:
 def test_real_cuda_graphs_equal_eager(kernel_device) -> None:
     if kernel_device.type != "cuda":
         pytest.skip("needs a GPU: CUDA graphs (scripts/gpu_check.sh runs this with HYBRID_TEST_DEVICE=cuda)")
-    runner = _compare(kernel_device, lambda step: cuda_capture)
-    assert runner.graphs == 8
+    runner = _compare(kernel_device, lambda step: SharedPoolCapture())
+    assert runner.graphs == 8 and runner._capture.pool is not None  # eight graphs, one memory pool
