@@ -92,14 +92,21 @@ class GraphedStep:
 
     @property
     def graphs(self) -> int:
-        return len(self._propose) + len(self._record)
+        """Call shapes replayed as graphs (propose and record counted apart)."""
+        return sum(v[0] is not None for v in list(self._propose.values()) + list(self._record.values()))
 
     def _quiet(self, fn: Callable[[], None]):
-        """Capture ``fn`` with the step's host counters kept as they were (the capture runs its Python once)."""
+        """Capture ``fn`` with the step's host counters kept as they were (the capture runs its Python once).
+        A capture that fails leaves that call shape eager (``None``), with a warning: serving goes on."""
         st = self.step
         saved = (st.active_window, st.window_switches, st.narrow_steps, st._steps_host)
         try:
             return self._capture(fn)
+        except Exception as e:  # noqa: BLE001 (any capture failure: this shape stays eager)
+            logging.getLogger("sglang_hybrid").warning(
+                "HYBRID_SPARK: capturing the step as a CUDA graph failed (%s: %s); this call shape runs eagerly",
+                type(e).__name__, e)
+            return None
         finally:
             st.active_window, st.window_switches, st.narrow_steps, st._steps_host = saved
 
@@ -121,6 +128,8 @@ class GraphedStep:
                 slots.shape[0], window, self.graphs)
             return out
         graph, static, out = hit
+        if graph is None:
+            return self.step.propose(slots, model_tokens, model_confidence, window, context_tokens)
         for d, t in zip(static, ins):
             _fill(d, t)
         self.step.note_window(window)
@@ -143,6 +152,9 @@ class GraphedStep:
             self._record[key] = (graph, static)
             return
         graph, static = hit
+        if graph is None:
+            self.step.record(slots, proposal, committed, accept_lens, verified_len)
+            return
         for d, t in zip(static, ins):
             _fill(d, t)
         graph.replay()

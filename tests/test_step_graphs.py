@@ -108,6 +108,20 @@ def test_a_replay_that_ran_nothing_would_be_caught() -> None:
         _compare("cpu", lambda step: (lambda fn: _Replay(lambda: None, step)))
 
 
+def test_a_failed_capture_leaves_that_shape_eager(caplog) -> None:
+    """A capture that raises (an op CUDA graphs refuse, say) is logged, and that call shape runs eagerly."""
+
+    def failing(step):
+        def capture(fn):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return capture
+
+    with caplog.at_level("WARNING", logger="sglang_hybrid"):
+        runner = _compare("cpu", failing)
+    assert runner.graphs == 0 and len(runner._propose) == 4
+    assert "this call shape runs eagerly" in caplog.text
+
+
 def test_for_serving_follows_the_option() -> None:
     s = _step("cpu")
     assert for_serving(s) is s
