@@ -22,6 +22,8 @@ largest batch. ``DeferredScoringRef`` is the plain-Python definition the tests c
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 DEFAULT_DEPTH = 8  # drafts kept per slot: at large batch ~1.5 tokens commit per step, so 8 steps cover ~12
@@ -105,6 +107,7 @@ class DeferredScoring:
         self._depth_t = torch.full((), depth, **i64)
         self._half = torch.full((), 0.5, **f32)
         self._col = torch.arange(L, **i64).view(1, 1, L)
+        self._view_cache: dict[int, SimpleNamespace] = {}
 
     def _ring_width(self, w: int) -> torch.Tensor:
         t = self._w.get(w)
@@ -117,6 +120,33 @@ class DeferredScoring:
         s = slots.to(torch.int64)
         self.length.index_fill_(0, s, 0)
         self.ptr.index_fill_(0, s, 0)
+
+    def _views(self, bs: int) -> SimpleNamespace:
+        """Every ``[:bs]`` slice (and sub-slice) :meth:`score` uses, made once per batch size: a slice is a
+        Python-level op, and the step pays for each one on every call when it is launched eagerly."""
+        v = self._view_cache.get(bs)
+        if v is not None:
+            return v
+        D, L = self.depth, self.width
+        v = SimpleNamespace()
+        for name in ("slots", "tok", "q", "start", "len", "done", "ptr", "hlen", "known", "lim", "pos", "valid",
+                     "eq", "match", "pref", "tried", "ok", "tmp", "fail", "det", "b1", "newf", "new", "ix2", "ix",
+                     "lo", "base", "htok", "hl32", "hl64", "rtok", "rq", "rst", "rln", "rdone", "q1", "rq1", "bidx",
+                     "s1", "s2", "s3"):
+            setattr(v, name, getattr(self, "_" + name)[:bs])
+        v.rings = ((self.tok, v.rtok, v.tok), (self.q, v.rq, v.q), (self.start, v.rst, v.start),
+                   (self.length, v.rln, v.len), (self.done, v.rdone, v.done))
+        v.head = tuple(t[:, :D] for t in (v.tok, v.q, v.start, v.len, v.done))  # the ring part of each
+        v.tail = tuple(t[:, D] for t in (v.tok, v.q, v.start, v.len, v.done))  # this step's draft (column D)
+        v.new_cols = tuple(t[:, D:] for t in (v.tok, v.q, v.start, v.len, v.done))
+        v.q1_head, v.q1_tail, v.q1_new = v.q1[:, :D], v.q1[:, D] if self.bins else None, v.q1[:, D:]
+        v.hlen0, v.lim0 = v.hlen[:, 0], v.lim[..., 0]
+        v.pref0, v.pref_rest, v.pref_l = v.pref[..., :1], v.pref[..., 1:], v.pref[..., :L]
+        v.ptr_col, v.ix2_x = v.ptr.view(-1, 1), v.ix2.unsqueeze(2).expand(bs, 1, L)
+        v.st3, v.lo3, v.done3 = v.start.unsqueeze(2), v.lo.unsqueeze(2), v.done.unsqueeze(2)
+        v.base3, v.pos_flat, v.htok_flat = v.base.view(-1, 1, 1), v.pos.view(-1), v.htok.view(-1)
+        self._view_cache[bs] = v
+        return v
 
     def score(self, slots: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
               start: torch.Tensor, hist_tokens: torch.Tensor, hist_lens: torch.Tensor,
@@ -132,62 +162,60 @@ class DeferredScoring:
         [bins]`` the same sums scored with ``q1`` and gathered by the bin of ``q1`` (``bin_evidence``).
         """
         bs, L = tokens.shape
-        D, W = self.depth, hist_tokens.shape[1]
-        s = self._slots[:bs]
+        W = hist_tokens.shape[1]
+        v = self._views(bs)
+        s = v.slots
         s.copy_(slots)
-        tok, qq, st, ln, done = self._tok[:bs], self._q[:bs], self._start[:bs], self._len[:bs], self._done[:bs]
-        for ring, rs, full in ((self.tok, self._rtok, tok), (self.q, self._rq, qq), (self.start, self._rst, st),
-                               (self.length, self._rln, ln), (self.done, self._rdone, done)):
-            torch.index_select(ring, 0, s, out=rs[:bs])  # contiguous out: no resize, no temporary
-            full[:, :D].copy_(rs[:bs])
-        tok[:, D].copy_(tokens)
-        qq[:, D].copy_(q)
-        st[:, D].copy_(start)
-        ln[:, D].copy_(length)
-        done[:, D].fill_(0)
+        tok, qq, st, ln, done = v.tok, v.q, v.start, v.len, v.done
+        for (ring, rs, _), full in zip(v.rings, v.head):
+            torch.index_select(ring, 0, s, out=rs)  # contiguous out: no resize, no temporary
+            full.copy_(rs)
+        for col, x in zip(v.tail, (tokens, q, start, length)):
+            col.copy_(x)
+        v.tail[4].fill_(0)
         if self.bins:
-            q1g = self._q1[:bs]
-            torch.index_select(self.q1, 0, s, out=self._rq1[:bs])
-            q1g[:, :D].copy_(self._rq1[:bs])
-            q1g[:, D].copy_(q1)
-        ptr = self._ptr[:bs]
+            q1g = v.q1
+            torch.index_select(self.q1, 0, s, out=v.rq1)
+            v.q1_head.copy_(v.rq1)
+            v.q1_tail.copy_(q1)
+        ptr = v.ptr
         torch.index_select(self.ptr, 0, s, out=ptr)
         # known = tokens of the history past each draft's start; a token is compared iff j < min(len, known)
         # and its position is still in the ring.
-        hlen = self._hlen[:bs]
-        hl = self._hl32[:bs] if hist_lens.dtype == torch.int32 else self._hl64[:bs]
+        hlen = v.hlen
+        hl = v.hl32 if hist_lens.dtype == torch.int32 else v.hl64
         torch.index_select(hist_lens, 0, s, out=hl)
-        hlen[:, 0].copy_(hl)
-        known = self._known[:bs]
+        v.hlen0.copy_(hl)
+        known = v.known
         torch.sub(hlen, st, out=known)
-        lim = self._lim[:bs]
-        torch.minimum(ln, known, out=lim[..., 0])
-        pos, valid = self._pos[:bs], self._valid[:bs]
-        torch.add(st.unsqueeze(2), self._col, out=pos)
+        lim = v.lim
+        torch.minimum(ln, known, out=v.lim0)
+        pos, valid = v.pos, v.valid
+        torch.add(v.st3, self._col, out=pos)
         torch.lt(self._col, lim, out=valid)
         w_t = self._ring_width(W)
-        lo, base = self._lo[:bs], self._base[:bs]
+        lo, base = v.lo, v.base
         torch.sub(hlen, w_t, out=lo)  # the oldest position the ring still holds
-        torch.ge(pos, lo.unsqueeze(2), out=self._eq[:bs])
-        valid.logical_and_(self._eq[:bs])
+        torch.ge(pos, v.lo3, out=v.eq)
+        valid.logical_and_(v.eq)
         pos.remainder_(w_t)
         torch.mul(s, w_t, out=base)
-        pos.add_(base.view(-1, 1, 1))  # flat index into hist_tokens
-        htok = self._htok[:bs]
-        torch.index_select(hist_tokens.view(-1), 0, pos.view(-1), out=htok.view(-1))
-        eq = self._eq[:bs]
+        pos.add_(v.base3)  # flat index into hist_tokens
+        htok = v.htok
+        torch.index_select(hist_tokens.view(-1), 0, v.pos_flat, out=v.htok_flat)
+        eq = v.eq
         torch.eq(tok, htok, out=eq)
         eq.logical_and_(valid)
-        match, pref, tried, ok = self._match[:bs], self._pref[:bs], self._tried[:bs], self._ok[:bs]
+        match, pref, tried, ok = v.match, v.pref, v.tried, v.ok
         match.copy_(eq)
-        pref[..., :1].fill_(1.0)
-        torch.cumprod(match, 2, out=pref[..., 1:])
-        tmp = self._tmp[:bs]
+        v.pref0.fill_(1.0)
+        torch.cumprod(match, 2, out=v.pref_rest)
+        tmp = v.tmp
         tmp.copy_(valid)  # copy_ converts in place (a mixed-dtype op would allocate)
-        torch.mul(pref[..., :L], tmp, out=tried)  # tokens 0..j-1 matched and j compared
-        ok.copy_(pref[..., 1:])  # tokens 0..j matched (implies compared)
+        torch.mul(v.pref_l, tmp, out=tried)  # tokens 0..j-1 matched and j compared
+        ok.copy_(v.pref_rest)  # tokens 0..j matched (implies compared)
         # Determined: a compared token failed, or the history covers the whole draft.
-        fail, det, b1 = self._fail[:bs], self._det[:bs], self._b1[:bs]
+        fail, det, b1 = v.fail, v.det, v.b1
         torch.sub(tried, ok, out=tmp)  # 1 at the first failed token
         torch.sum(tmp, 2, out=fail)
         torch.gt(fail, self._half, out=det)
@@ -195,16 +223,16 @@ class DeferredScoring:
         det.logical_or_(b1)
         # Evidence of the tokens compared for the first time (j >= done): each position is scored once, when the
         # history reaches it. A free entry (length 0) compares nothing.
-        newf = self._newf[:bs]
-        torch.ge(self._col, done.unsqueeze(2), out=self._new[:bs])
-        newf.copy_(self._new[:bs])
+        newf = v.newf
+        torch.ge(self._col, v.done3, out=v.new)
+        newf.copy_(v.new)
         if self.bins:
-            f1, o1 = self._s1[:bs], self._s2[:bs]
+            f1, o1 = v.s1, v.s2
             torch.mul(tmp, newf, out=f1)
             torch.mul(ok, newf, out=o1)
-            bidx = self._bidx[:bs]
+            bidx = v.bidx
             bin_index(q1g, self._kf, self._zero_i, self._kmax, tmp, bidx, self._coloff)
-            bin_evidence(f1, o1, q1g, bidx, tmp, self._s3[:bs], bin_tried_out, bin_ok_out, self._one)
+            bin_evidence(f1, o1, q1g, bidx, tmp, v.s3, bin_tried_out, bin_ok_out, self._one)
             torch.sub(tried, ok, out=tmp)  # tmp was scratch above: 1 at the failed token again
         tmp.mul_(qq)  # q (1 - y) on the failed token
         tmp.mul_(newf)
@@ -215,30 +243,23 @@ class DeferredScoring:
         torch.sum(tmp, 1, out=ok_out)
         # Drop the determined drafts, note how far the open ones are scored; the new draft (if open) takes entry
         # ptr, replacing the oldest (whose compared tokens are already scored); ptr advances.
-        done.copy_(lim[..., 0])
+        done.copy_(v.lim0)
         ln.masked_fill_(det, 0)
-        ix2 = self._ix2[:bs]
-        ix2.copy_(ptr.view(-1, 1))
-        ix = self._ix[:bs]
-        ix.copy_(ix2.unsqueeze(2).expand(bs, 1, L))
-        ring_tok, ring_q, ring_st, ring_ln, ring_done = tok[:, :D], qq[:, :D], st[:, :D], ln[:, :D], done[:, :D]
-        ring_tok.scatter_(1, ix, tok[:, D:])
-        ring_q.scatter_(1, ix, qq[:, D:])
-        ring_st.scatter_(1, ix2, st[:, D:])
-        ring_ln.scatter_(1, ix2, ln[:, D:])
-        ring_done.scatter_(1, ix2, done[:, D:])
+        ix2 = v.ix2
+        ix2.copy_(v.ptr_col)
+        ix = v.ix
+        ix.copy_(v.ix2_x)
+        for i, (part, new) in enumerate(zip(v.head, v.new_cols)):
+            part.scatter_(1, ix if i < 2 else ix2, new)
         if self.bins:
-            ring_q1 = q1g[:, :D]
-            ring_q1.scatter_(1, ix, q1g[:, D:])
-            self._rq1[:bs].copy_(ring_q1)
-            self.q1.index_copy_(0, s, self._rq1[:bs])
+            v.q1_head.scatter_(1, ix, v.q1_new)
+            v.rq1.copy_(v.q1_head)
+            self.q1.index_copy_(0, s, v.rq1)
         ptr.add_(self._one_i)
         ptr.remainder_(self._depth_t)
-        for ring, rs, part in ((self.tok, self._rtok, ring_tok), (self.q, self._rq, ring_q),
-                               (self.start, self._rst, ring_st), (self.length, self._rln, ring_ln),
-                               (self.done, self._rdone, ring_done)):
-            rs[:bs].copy_(part)
-            ring.index_copy_(0, s, rs[:bs])
+        for (ring, rs, _), part in zip(v.rings, v.head):
+            rs.copy_(part)
+            ring.index_copy_(0, s, rs)
         self.ptr.index_copy_(0, s, ptr)
 
 
