@@ -40,15 +40,16 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sglang_hybrid.config import HybridConfig  # noqa: E402
+from sglang_hybrid.graphs import cuda_capture  # noqa: E402
 from sglang_hybrid.step import HybridStep  # noqa: E402
 
 
 class Bench:
     """One ``HybridStep`` with static input buffers, so a step is the same Python for eager and capture."""
 
-    def __init__(self, args, bs: int, corpus: str, device: torch.device) -> None:
+    def __init__(self, args, bs: int, corpus: str, device: torch.device, backend: str = "") -> None:
         cfg = HybridConfig(corpus=corpus, corpus_entries=args.corpus_entries)
-        backend = "torch" if device.type == "cpu" else "auto"
+        backend = backend or ("torch" if device.type == "cpu" else "auto")
         # The slot count is fixed, as in a server (the largest batch benchmarked): kernels that take it then
         # compile once, not once per row.
         slots = max(bs, getattr(args, "num_slots", 0))
@@ -132,12 +133,8 @@ def _time(fn, inputs: list, b: Bench, device: torch.device) -> list:
 
 
 def _capture(b: Bench) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        b.run()
+    """The step as ``GraphedStep`` captures it in serving (``sglang_hybrid/graphs.py``)."""
+    graph = cuda_capture(b.run)
     torch.cuda.synchronize()
     return graph
 

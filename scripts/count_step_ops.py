@@ -26,8 +26,6 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 
 import bench_step  # noqa: E402
 from sglang_hybrid import step as step_mod  # noqa: E402
-from sglang_hybrid.config import HybridConfig  # noqa: E402
-from sglang_hybrid.step import HybridStep  # noqa: E402
 
 COMPONENTS = {"history": ["lookup", "append", "lookup_after"], "calib_dev": ["apply"],
               "online": ["apply", "update", "update_from_history"], "corpus": ["lookup", "insert"],
@@ -51,15 +49,9 @@ def main() -> None:
     p.add_argument("--corpus", default="off", choices=["off", "shared", "tenant"])
     p.add_argument("--bs", type=int, default=4)
     a = p.parse_args()
-    args = argparse.Namespace(corpus_entries=1 << 16, hist=1024, gamma=7, window=16, vocab=64, prompt=512)
-    b = bench_step.Bench(args, a.bs, "off", torch.device("cpu"))
-    st = HybridStep(HybridConfig(corpus=a.corpus, corpus_entries=args.corpus_entries), num_slots=a.bs,
-                    width=args.hist, gamma=args.gamma, max_bs=a.bs, device="cpu", verify_window=args.window,
-                    kernel_backend="triton")
-    b.step = st
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, args.vocab, (a.bs, args.prompt), generator=g, dtype=torch.int32)
-    st.on_prefill(b.slots, prompt, torch.full((a.bs,), args.prompt, dtype=torch.int32), prompt[:, -1])
+    args = argparse.Namespace(corpus_entries=1 << 16, hist=1024, gamma=7, window=16, vocab=64, prompt=128)
+    b = bench_step.Bench(args, a.bs, a.corpus, torch.device("cpu"), backend="triton")
+    st = b.step
     for comp, names in KERNELS.items():
         for n in names:
             if getattr(st, comp, None) is not None:

@@ -24,8 +24,8 @@ _NOT_OPTIONS = {ENV_CONFIG_FILE, "SGLANG_HYBRID_RESOLVED_DRAFT_KIND", "SGLANG_HY
 MAX_DRAFT_LIMIT = 64  # longest n-gram chain (the lookup kernels' limit)
 DRAFT_KINDS = ("auto", "eagle", "eagle3", "standalone", "dspark")
 CORPUS_MODES = ("off", "shared", "tenant")  # isolation of the cross-request corpus
-WARMUP_MODES = ("auto", "on", "off")
-STEP_GRAPHS_MODES = ("off", "on")  # CUDA-graph replay of the decode step (graphs.py)  # start-up warm-up of the decode step (warmup.py): auto = on a GPU only
+WARMUP_MODES = ("auto", "on", "off")  # start-up warm-up of the decode step (warmup.py): auto = on a GPU only
+STEP_GRAPHS_MODES = ("off", "on")  # CUDA-graph replay of the decode step (graphs.py)
 
 
 class HybridConfigError(ValueError):

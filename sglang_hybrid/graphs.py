@@ -99,7 +99,7 @@ class GraphedStep:
         """Capture ``fn`` with the step's host counters kept as they were (the capture runs its Python once).
         A capture that fails leaves that call shape eager (``None``), with a warning: serving goes on."""
         st = self.step
-        saved = (st.active_window, st.window_switches, st.narrow_steps, st._steps_host)
+        saved = {k: getattr(st, k) for k in st.HOST_COUNTERS}
         try:
             return self._capture(fn)
         except Exception as e:  # noqa: BLE001 (any capture failure: this shape stays eager)
@@ -108,7 +108,8 @@ class GraphedStep:
                 type(e).__name__, e)
             return None
         finally:
-            st.active_window, st.window_switches, st.narrow_steps, st._steps_host = saved
+            for k, v in saved.items():
+                setattr(st, k, v)
 
     def propose(self, slots: torch.Tensor, model_tokens: torch.Tensor,
                 model_confidence: Optional[torch.Tensor] = None, window: Optional[int] = None,
@@ -123,9 +124,10 @@ class GraphedStep:
                 _fill(d, t)
             graph = self._quiet(lambda: self.step.propose(static[0], static[1], static[2], window, static[3]))
             self._propose[key] = (graph, static, out)
-            logging.getLogger("sglang_hybrid").info(
-                "HYBRID_SPARK: captured the step's propose graph for batch size %d, window %s (%d graphs)",
-                slots.shape[0], window, self.graphs)
+            if graph is not None:
+                logging.getLogger("sglang_hybrid").info(
+                    "HYBRID_SPARK: captured the step's propose graph for batch size %d, window %s (%d graphs)",
+                    slots.shape[0], window, self.graphs)
             return out
         graph, static, out = hit
         if graph is None:
@@ -158,7 +160,7 @@ class GraphedStep:
         for d, t in zip(static, ins):
             _fill(d, t)
         graph.replay()
-        self.step._steps_host += 1
+        self.step.note_record()
 
 
 def for_serving(step: HybridStep):

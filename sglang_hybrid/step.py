@@ -61,6 +61,9 @@ class HybridStep:
     chain length is ``cfg.max_draft`` (0 = the whole window), capped by the window.
     """
 
+    # Host-side counters ``propose`` / ``record`` keep in Python (a graph replay of them runs none of it).
+    HOST_COUNTERS = ("active_window", "window_switches", "narrow_steps", "_steps_host")
+
     def __init__(
         self,
         cfg: HybridConfig,
@@ -326,6 +329,10 @@ class HybridStep:
                 self.corpus.insert(self.history, slots, accept_lens, ten)
                 self.corpus_cand.update(slots, committed, accept_lens, proposal.choice)
             self.stats.update(slots, vlen, proposal.choice, accept_lens)
+        self.note_record()
+
+    def note_record(self) -> None:
+        """The host-side bookkeeping of ``record`` (the step count behind ``should_log``)."""
         self._steps_host += 1
 
     # ---- metrics (host side, never waits on the device) --------------------------------------------

@@ -27,9 +27,10 @@ class _Replay:
     def replay(self):
         self.replays += 1
         st = self.step
-        saved = (st.active_window, st.window_switches, st.narrow_steps, st._steps_host)
+        saved = {k: getattr(st, k) for k in st.HOST_COUNTERS}
         self.fn()
-        st.active_window, st.window_switches, st.narrow_steps, st._steps_host = saved
+        for k, v in saved.items():
+            setattr(st, k, v)
 
 
 def _stand_in(step):

@@ -134,8 +134,8 @@ class DeferredScoring:
                      "lo", "base", "htok", "hl32", "hl64", "rtok", "rq", "rst", "rln", "rdone", "q1", "rq1", "bidx",
                      "s1", "s2", "s3"):
             setattr(v, name, getattr(self, "_" + name)[:bs])
-        v.rings = ((self.tok, v.rtok, v.tok), (self.q, v.rq, v.q), (self.start, v.rst, v.start),
-                   (self.length, v.rln, v.len), (self.done, v.rdone, v.done))
+        v.rings = ((self.tok, v.rtok), (self.q, v.rq), (self.start, v.rst), (self.length, v.rln),
+                   (self.done, v.rdone))  # each ring with its gather buffer
         v.head = tuple(t[:, :D] for t in (v.tok, v.q, v.start, v.len, v.done))  # the ring part of each
         v.tail = tuple(t[:, D] for t in (v.tok, v.q, v.start, v.len, v.done))  # this step's draft (column D)
         v.new_cols = tuple(t[:, D:] for t in (v.tok, v.q, v.start, v.len, v.done))
@@ -167,7 +167,7 @@ class DeferredScoring:
         s = v.slots
         s.copy_(slots)
         tok, qq, st, ln, done = v.tok, v.q, v.start, v.len, v.done
-        for (ring, rs, _), full in zip(v.rings, v.head):
+        for (ring, rs), full in zip(v.rings, v.head):
             torch.index_select(ring, 0, s, out=rs)  # contiguous out: no resize, no temporary
             full.copy_(rs)
         for col, x in zip(v.tail, (tokens, q, start, length)):
@@ -257,7 +257,7 @@ class DeferredScoring:
             self.q1.index_copy_(0, s, v.rq1)
         ptr.add_(self._one_i)
         ptr.remainder_(self._depth_t)
-        for (ring, rs, _), part in zip(v.rings, v.head):
+        for (ring, rs), part in zip(v.rings, v.head):
             rs.copy_(part)
             ring.index_copy_(0, s, rs)
         self.ptr.index_copy_(0, s, ptr)
