@@ -97,6 +97,25 @@ def test_insert_and_lookup_agree_exactly(seed: int) -> None:
     assert int(out[1].sum()) >= 0
 
 
+@pytest.mark.parametrize("n_max,W", [(8, 64), (5, 24), (1, 16)])
+def test_long_walks_past_the_history_context_agree_exactly(n_max: int, W: int) -> None:
+    """Adversarial for the lookup's context: repeating histories let walks run the full 16 positions, so every
+    order's context ends up made of drafted tokens only (the kernel shifts them through registers), with ring
+    wrap-around (histories longer than W), a non-power-of-two order count and one request that starts with a
+    history shorter than n_max."""
+    coef = make_coef(n_max, "cpu", seed=3)
+    tables = _table(64, 4)
+    cycle = [11, 12, 13, 14, 15, 16, 17]
+    rows = [cycle * 9, [2, 3] * 30, cycle[:3], [4, 4, 4, 5] * 12]
+    hist = _history(rows, W)
+    slots = torch.arange(len(rows), dtype=torch.int64)
+    zero = torch.zeros(len(rows), dtype=torch.int32)
+    counts = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+    tables = _run_insert(tables, coef, hist, slots, zero, zero, counts, 64, n_max, True)
+    out = _run_lookup(tables, coef, hist, slots, zero, 16, n_max, 1, 1)
+    assert int(out[1].max()) == 16, out[1]  # at least one walk drafts all 16 positions
+
+
 def test_saturated_entry_is_halved() -> None:
     """An entry at CAP is aged by the next insert of its own pair instead of overflowing."""
     coef = make_coef(2, "cpu")

@@ -2,8 +2,8 @@
 
 Insert is three launches (claim, resolve, count), each order-independent (atomic min / add only, and single
 writers in the resolve phase), so the table after a call is deterministic on a GPU. Lookup is one program per
-request walking up to ``max_draft`` positions. Launchers allocate nothing and never read device data on the
-host. All hash arithmetic is int64 with every product below ``2**62`` (exact, as in the reference).
+request walking up to ``max_draft`` positions with its context in registers. Launchers allocate nothing and
+never read device data on the host. All hash arithmetic is int64 with every product below ``2**62`` (exact, as in the reference).
 """
 
 from __future__ import annotations
@@ -22,13 +22,19 @@ def _pow2(x: int) -> int:
 
 
 @triton.jit
-def _hashes(ctx, kk, kv, g, coef_ptr, L, N_P: tl.constexpr):
-    """``(H1, H2)`` per order lane (lane ``kk`` = order ``kk + 1``) of the context ``ctx`` (distance ``kk + 1``)."""
+def _coefs(coef_ptr, L, kk, lanes):
+    """The hash coefficients of the order lanes ``kk`` (lane ``kk`` = distance / order ``kk + 1``)."""
+    R1 = tl.load(coef_ptr + 0 * L + 1 + kk, mask=lanes, other=0)
+    R2 = tl.load(coef_ptr + 1 * L + 1 + kk, mask=lanes, other=0)
+    Q1 = tl.load(coef_ptr + 2 * L + 1 + kk, mask=lanes, other=0)
+    Q2 = tl.load(coef_ptr + 3 * L + 1 + kk, mask=lanes, other=0)
+    return R1, R2, Q1, Q2
+
+
+@triton.jit
+def _hash(ctx, kv, g, coef_ptr, L, R1, R2, Q1, Q2):
+    """``(H1, H2)`` per order lane of the context ``ctx`` (lanes ``kv`` valid, a prefix)."""
     PP: tl.constexpr = 2147483647
-    R1 = tl.load(coef_ptr + 0 * L + 1 + kk, mask=kv, other=0)
-    R2 = tl.load(coef_ptr + 1 * L + 1 + kk, mask=kv, other=0)
-    Q1 = tl.load(coef_ptr + 2 * L + 1 + kk, mask=kv, other=0)
-    Q2 = tl.load(coef_ptr + 3 * L + 1 + kk, mask=kv, other=0)
     S1 = tl.load(coef_ptr + 4 * L + 0)
     S2 = tl.load(coef_ptr + 4 * L + 1)
     M1 = tl.load(coef_ptr + 4 * L + 2)
@@ -38,6 +44,13 @@ def _hashes(ctx, kk, kv, g, coef_ptr, L, N_P: tl.constexpr):
     h1 = ((S1 * g) % PP + Q1 + c1) % PP
     h2 = ((S2 * g) % PP + Q2 + c2) % PP
     return (h1 * M1) % PP, (h2 * M2) % PP
+
+
+@triton.jit
+def _hashes(ctx, kk, kv, g, coef_ptr, L, N_P: tl.constexpr):
+    """``(H1, H2)`` per order lane (lane ``kk`` = order ``kk + 1``) of the context ``ctx`` (distance ``kk + 1``)."""
+    R1, R2, Q1, Q2 = _coefs(coef_ptr, L, kk, kv)
+    return _hash(ctx, kv, g, coef_ptr, L, R1, R2, Q1, Q2)
 
 
 @triton.jit
@@ -136,20 +149,27 @@ def _lookup_kernel(
     tag_ptr, tok_ptr, cnt_ptr, coef_ptr, hist_ptr, lens_ptr, slots_ptr, tenant_ptr,
     out_tokens_ptr, out_len_ptr, out_mlen_ptr, out_mcnt_ptr, out_score_ptr, out_q_ptr,
     num_slots, width, NB, L, stride_tb, stride_td, stride_qb, stride_qd, n_max, alpha, tau,
-    D: tl.constexpr, C: tl.constexpr, N_P: tl.constexpr,
+    D: tl.constexpr, D_P: tl.constexpr, C: tl.constexpr, N_P: tl.constexpr,
 ):
-    PP: tl.constexpr = 2147483647
+    """One request's draft walk. The context (lane ``kk`` = distance ``kk + 1``) stays in registers and shifts
+    by one drafted token per position, so each position costs one round of table loads (tag, count and token
+    of every probed entry together), with no store-and-reload of the drafted tokens; the walk stops at the
+    first position it does not draft (most walks end after a few positions) and zero-fills the rest."""
     b = tl.program_id(0)
     s = tl.load(slots_ptr + b).to(tl.int64)
     ok = (s >= 0) & (s < num_slots)
     s = tl.where(ok, s, 0)
     T = tl.where(ok, tl.load(lens_ptr + s).to(tl.int64), 0)
     lo = tl.maximum(T - width, 0)
-    row = hist_ptr + s * width
     g = (tl.load(tenant_ptr + b).to(tl.int64) & 0x7FFFFFFF) + 1
-    RS = tl.load(coef_ptr + 4 * L + 4)
     kk = tl.arange(0, N_P)
     ent = tl.arange(0, C)
+    hp = T - 1 - kk
+    hv = ok & (kk < n_max) & (hp >= lo)
+    ctx = tl.load(hist_ptr + s * width + tl.where(hv, hp, 0) % width, mask=hv, other=0).to(tl.int64)
+    shift = kk[:, None] == (kk[None, :] + 1)  # new lane kk takes old lane kk - 1
+    avail = T - lo  # kept history tokens; each drafted token adds one
+    R1, R2, Q1, Q2 = _coefs(coef_ptr, L, kk, kk < n_max)  # loop-invariant
     alive = ok
     surv = tl.full([], 65536, tl.int64)
     score = tl.zeros([], tl.int64)
@@ -158,21 +178,14 @@ def _lookup_kernel(
     m_cnt = tl.zeros([], tl.int64)
     tb = out_tokens_ptr + b.to(tl.int64) * stride_tb
     qb = out_q_ptr + b.to(tl.int64) * stride_qb
-    for j in tl.static_range(D):
-        # distance kk + 1: a drafted token (kk < j) or history position T - 1 - (kk - j)
-        hp = T - 1 - (kk - j)
-        from_draft = kk < j
-        hv = from_draft | (hp >= lo)
-        kv = alive & (kk < n_max) & hv
-        dt = tl.load(tb + tl.where(from_draft, j - 1 - kk, 0).to(tl.int64) * stride_td,
-                     mask=kv & from_draft, other=0).to(tl.int64)
-        ht = tl.load(row + tl.where(kv & (from_draft == 0), hp, 0) % width,
-                     mask=kv & (from_draft == 0), other=0).to(tl.int64)
-        ctx = tl.where(from_draft, dt, ht)
-        H1, H2 = _hashes(ctx, kk, kv, g, coef_ptr, L, N_P)
+    j = tl.zeros([], tl.int32)
+    while (j < D) & alive:  # stops at the first position not drafted
+        kv = (kk < n_max) & (kk < avail + j)
+        H1, H2 = _hash(ctx, kv, g, coef_ptr, L, R1, R2, Q1, Q2)
         e = (H1 & (NB - 1))[:, None] * C + ent[None, :]
         etag = tl.load(tag_ptr + e, mask=kv[:, None], other=0).to(tl.int64)
         ecnt = tl.load(cnt_ptr + e, mask=kv[:, None], other=0).to(tl.int64)
+        etok = tl.load(tok_ptr + e, mask=kv[:, None], other=0).to(tl.int64)
         m = (etag == (H2 + 1)[:, None]) & kv[:, None] & (ecnt > 0)
         tot = tl.sum(tl.where(m, ecnt, 0), axis=1)
         key = tl.max(tl.where(m, ecnt * C + (C - 1 - ent[None, :]), -1), axis=1)
@@ -183,22 +196,25 @@ def _lookup_kernel(
         ksel = tl.sum(tl.where(pick, key, 0), axis=0)
         best = ksel // C
         eidx = C - 1 - (ksel % C)
-        esel = tl.sum(tl.sum(tl.where(pick[:, None] & (ent[None, :] == eidx), e, 0), axis=1), axis=0)
-        take0 = alive & (nsel > 0)
-        tnext = tl.load(tok_ptr + esel, mask=take0, other=0)
+        tnext = tl.sum(tl.sum(tl.where(pick[:, None] & (ent[None, :] == eidx), etok, 0), axis=1), axis=0)
         q = (best << 16) // (tsel + alpha)
         ns = (surv * q) >> 16
-        take = take0 & (ns >= tau)
+        take = (nsel > 0) & (ns >= tau)
         surv = tl.where(take, ns, surv)
         score += tl.where(take, ns, 0)
-        tl.store(tb + j * stride_td, tl.where(take, tnext, 0))
+        tl.store(tb + j * stride_td, tl.where(take, tnext, 0).to(tl.int32))
         tl.store(qb + j * stride_qd, tl.where(take, q, 0).to(tl.int32))
-        if j == 0:
-            m_len = tl.where(take, nsel, 0).to(tl.int64)
-            m_cnt = tl.where(take, tsel, 0)
+        first = take & (j == 0)
+        m_len = tl.where(first, nsel, m_len).to(tl.int64)
+        m_cnt = tl.where(first, tsel, m_cnt)
         length += take.to(tl.int32)
         alive = take
-        tl.debug_barrier()  # the next position reads this drafted token back
+        ctx = tl.where(kk == 0, tnext, tl.sum(tl.where(shift, ctx[None, :], 0), axis=1))
+        j += 1
+    dd = tl.arange(0, D_P)  # the positions the walk never reached (disjoint from the ones it wrote)
+    rest = (dd >= j) & (dd < D)
+    tl.store(tb + dd * stride_td, tl.zeros([D_P], tl.int32), mask=rest)
+    tl.store(qb + dd * stride_qd, tl.zeros([D_P], tl.int32), mask=rest)
     tl.store(out_len_ptr + b, length)
     tl.store(out_mlen_ptr + b, m_len.to(tl.int32))
     tl.store(out_mcnt_ptr + b, m_cnt.to(tl.int32))
@@ -235,7 +251,7 @@ def corpus_lookup_triton(
         out_tokens, out_len, out_match_len, out_match_count, out_score, out_q,
         num_slots, width, NB, coef.shape[1], out_tokens.stride(0), out_tokens.stride(1),
         out_q.stride(0), out_q.stride(1), n_max, alpha, tau,
-        D=D, C=C, N_P=_pow2(n_max), num_warps=1,
+        D=D, D_P=_pow2(D), C=C, N_P=_pow2(n_max), num_warps=1,
     )
 
 
