@@ -48,6 +48,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", default="off", choices=["off", "shared", "tenant"])
     p.add_argument("--bs", type=int, default=4)
+    p.add_argument("--detail", action="store_true", help="also list each component's ops by name")
     a = p.parse_args()
     args = argparse.Namespace(corpus_entries=1 << 16, hist=1024, gamma=7, window=16, vocab=64, prompt=128)
     b = bench_step.Bench(args, a.bs, a.corpus, torch.device("cpu"), backend="triton")
@@ -75,6 +76,7 @@ def main() -> None:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         b.run()
     ops, kernels = collections.Counter(), collections.Counter()
+    names: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for e in prof.events():
         scope, inside_kernel, par = "glue", False, e.cpu_parent
         while par is not None:
@@ -88,10 +90,13 @@ def main() -> None:
         elif e.name.startswith("aten::") and not inside_kernel and (
                 e.cpu_parent is None or e.cpu_parent.name.startswith("C:")):
             ops[scope] += 1
+            names[scope][e.name] += 1
     print(f"corpus={a.corpus} bs={a.bs}: {sum(ops.values())} top-level torch ops, "
           f"{sum(kernels.values())} Triton kernel calls")
     for scope in sorted(set(ops) | set(kernels), key=lambda s: -ops[s]):
         print(f"  {scope:28s} {ops[scope]:4d} ops  {kernels[scope]:2d} kernels")
+        if a.detail and names[scope]:
+            print("      " + ", ".join(f"{n[6:]} {c}" for n, c in names[scope].most_common()))
 
 
 if __name__ == "__main__":

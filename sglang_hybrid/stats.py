@@ -8,6 +8,8 @@ from pinned copies, at most one step stale (``metrics`` / ``request_metrics``).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 # Device counter slots.
@@ -72,13 +74,30 @@ class StepStats:
         self._trials = torch.zeros(gamma, dtype=torch.float32, **kw)
         self._hits = torch.zeros(gamma, dtype=torch.float32, **kw)
         self._seen = torch.zeros(gamma, dtype=torch.bool, **kw)
+        n = len(COUNTER_NAMES)
+        self._steps_counter = self.counters[C_STEPS : C_STEPS + 1]
+        self._stage_parts = ((self._stage[:n], self.counters), (self._stage[n : n + 1], self.price),
+                             (self._stage[n + 1 : n + 2], self.max_accepted), (self._stage[n + 2 :], self.max_verified))
+        self._view_cache: dict[int, SimpleNamespace] = {}
+
+    def _views(self, bs: int) -> SimpleNamespace:
+        """The ``[:bs]`` slices ``update`` uses, made once per batch size (each slice is a Python-level op that
+        an eagerly launched step pays on every call)."""
+        v = self._view_cache.get(bs)
+        if v is None:
+            v = SimpleNamespace(**{name: getattr(self, "_" + name)[:bs] for name in (
+                "acc", "vlen", "is_ng", "is_m", "ng", "m", "per_req", "tried", "ok", "tried_f", "ok_f")})
+            v.cols = tuple(v.per_req[:, i] for i in range(len(_SUMMED)))
+            v.slot_cols = v.per_req[:, : len(SLOT_STAT_NAMES)]
+            v.acc_col, v.vlen_col, v.is_m_col = v.acc.view(-1, 1), v.vlen.view(-1, 1), v.is_m.view(-1, 1)
+            self._view_cache[bs] = v
+        return v
 
     def update(self, slots: torch.Tensor, verify_len: torch.Tensor, choice: torch.Tensor,
                accept_lens: torch.Tensor) -> None:
         """Count one verify: ``accept_lens[b]`` committed tokens (accepted drafts + bonus) of request ``b``."""
-        bs = accept_lens.shape[0]
-        acc, vlen, is_ng, is_m = self._acc[:bs], self._vlen[:bs], self._is_ng[:bs], self._is_m[:bs]
-        ng, m = self._ng[:bs], self._m[:bs]
+        v = self._views(accept_lens.shape[0])
+        acc, vlen, is_ng, is_m, ng, m = v.acc, v.vlen, v.is_ng, v.is_m, v.ng, v.m
         acc.copy_(accept_lens)
         torch.sub(acc, self._one, out=acc)
         acc.clamp_(min=0)
@@ -88,43 +107,40 @@ class StepStats:
         ng.copy_(is_ng)
         m.copy_(is_m)
         if self.model_ema > 0:
-            self._refit(acc, vlen, is_m)
-        pr = self._per_req[:bs]
-        pr[:, 0].fill_(1)
-        pr[:, 1].copy_(ng)
-        torch.mul(acc, ng, out=pr[:, 2])
-        torch.mul(acc, m, out=pr[:, 3])
-        torch.mul(vlen, m, out=pr[:, 4])
-        torch.mul(vlen, ng, out=pr[:, 5])
-        pr[:, 6].copy_(vlen)
+            self._refit(v)
+        pr, c = v.per_req, v.cols
+        c[0].fill_(1)
+        c[1].copy_(ng)
+        torch.mul(acc, ng, out=c[2])
+        torch.mul(acc, m, out=c[3])
+        torch.mul(vlen, m, out=c[4])
+        torch.mul(vlen, ng, out=c[5])
+        c[6].copy_(vlen)
         torch.sum(pr, 0, out=self._sums)
         self.counters.index_add_(0, self._sum_idx, self._sums)
-        self.counters[C_STEPS : C_STEPS + 1].add_(self._one)
-        self.slot_stats.index_add_(0, slots, pr[:, : len(SLOT_STAT_NAMES)])
+        self._steps_counter.add_(self._one)
+        self.slot_stats.index_add_(0, slots, v.slot_cols)
         torch.amax(acc, 0, keepdim=True, out=self._step_max)
         torch.maximum(self.max_accepted, self._step_max, out=self.max_accepted)
         torch.amax(vlen, 0, keepdim=True, out=self._step_max)
         torch.maximum(self.max_verified, self._step_max, out=self.max_verified)
         # Asynchronous device-to-host copies: the host reads them later, one step stale at most.
         self._host_slot_stats.copy_(self.slot_stats, non_blocking=True)
-        n = len(COUNTER_NAMES)
-        self._stage[:n].copy_(self.counters)
-        self._stage[n : n + 1].copy_(self.price)
-        self._stage[n + 1 : n + 2].copy_(self.max_accepted)
-        self._stage[n + 2 :].copy_(self.max_verified)
+        for part, src in self._stage_parts:
+            part.copy_(src)
         self._host_counters.copy_(self._stage, non_blocking=True)
 
-    def _refit(self, acc: torch.Tensor, vlen: torch.Tensor, is_m: torch.Tensor) -> None:
-        """EMA of the per-position conditional acceptance over the model-chain requests that reached position j."""
-        bs = acc.shape[0]
-        tried, ok = self._tried[:bs], self._ok[:bs]
+    def _refit(self, v: SimpleNamespace) -> None:
+        """EMA of the per-position conditional acceptance over the model-chain requests that reached position j
+        (``v``: this batch size's views, ``_views``)."""
+        tried, ok = v.tried, v.ok
         # tried[b, j]: model chain, position j verified, and positions < j all accepted.
-        torch.ge(vlen.view(-1, 1), self._pos, out=tried)
-        torch.ge(acc.view(-1, 1), self._pos_m1, out=ok)
-        tried.logical_and_(ok).logical_and_(is_m.view(-1, 1))
-        torch.ge(acc.view(-1, 1), self._pos, out=ok)
+        torch.ge(v.vlen_col, self._pos, out=tried)
+        torch.ge(v.acc_col, self._pos_m1, out=ok)
+        tried.logical_and_(ok).logical_and_(v.is_m_col)
+        torch.ge(v.acc_col, self._pos, out=ok)
         ok.logical_and_(tried)
-        tried_f, ok_f = self._tried_f[:bs], self._ok_f[:bs]
+        tried_f, ok_f = v.tried_f, v.ok_f
         tried_f.copy_(tried)
         ok_f.copy_(ok)
         torch.sum(tried_f, 0, out=self._trials)

@@ -98,7 +98,7 @@ class CorpusCandidate:
         if self.online is not None:
             self.online.update(slots, committed, counts)
         if choice is not None:
-            used = self.counters.used[: counts.shape[0]]
+            used = self.counters.rows(counts.shape[0])[0]
             torch.eq(choice, self._one, out=used)
             used.logical_and_(self.pick[: counts.shape[0]])
             self.counters.add(counts)

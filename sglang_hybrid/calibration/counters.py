@@ -26,19 +26,28 @@ class ChainCounters:
         self._acc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self._step = torch.zeros(2, dtype=torch.int64, device=dev)
         self._offset = torch.full((), offset, dtype=torch.int64, device=dev)
+        self._step0, self._step1 = self._step[0], self._step[1]
+        self._views: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def rows(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(used, used_i, acc)[:bs]``, sliced once per batch size (a slice is a Python-level op that an eagerly
+        launched step pays on every call). The caller writes this step's mask into ``used``."""
+        v = self._views.get(bs)
+        if v is None:
+            v = self._views[bs] = (self.used[:bs], self._used_i[:bs], self._acc[:bs])
+        return v
 
     def add(self, counts: torch.Tensor) -> None:
         """Count the requests marked in ``self.used[:bs]``, with ``max(0, counts - offset)`` drafts accepted each
         (``counts [bs]``: committed tokens, accepted drafts then the bonus)."""
-        bs = counts.shape[0]
-        used_i, acc = self._used_i[:bs], self._acc[:bs]
-        used_i.copy_(self.used[:bs])  # bool -> int64 in place (mixed-dtype ops would allocate)
+        used, used_i, acc = self.rows(counts.shape[0])
+        used_i.copy_(used)  # bool -> int64 in place (mixed-dtype ops would allocate)
         acc.copy_(counts)
         acc.sub_(self._offset)
         acc.clamp_(min=0)
         acc.mul_(used_i)
-        torch.sum(used_i, 0, out=self._step[0])
-        torch.sum(acc, 0, out=self._step[1])
+        torch.sum(used_i, 0, out=self._step0)
+        torch.sum(acc, 0, out=self._step1)
         self.counters.add_(self._step)
         self._host.copy_(self.counters, non_blocking=True)
 

@@ -42,6 +42,8 @@ prefill. ``OnlineCalibrationRef`` below is the plain-Python definition the tests
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from .deferred import DEFAULT_DEPTH, DeferredScoring, bin_evidence, bin_index
@@ -141,6 +143,28 @@ class OnlineCalibration:
         self._kmax = torch.tensor(K - 1, dtype=torch.int64, device=self.device)
         self._zero_i = torch.zeros((), dtype=torch.int64, device=self.device)
         self._start = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
+        self._gs_o, self._gs_e = self._gsum[:1], self._gsum[1:]
+        self._view_cache: dict[tuple[int, int], SimpleNamespace] = {}
+
+    def _views(self, bs: int, k: int = 0) -> SimpleNamespace:
+        """Every ``[:bs]`` slice (and ``[:, :k]`` sub-slice, ``k`` the committed width of ``update``) that
+        ``apply`` / ``update`` use, made once per shape: each slice is a Python-level op, which an eagerly
+        launched step pays on every call (``scripts/count_step_ops.py``)."""
+        v = self._view_cache.get((bs, k))
+        if v is not None:
+            return v
+        v = SimpleNamespace()
+        for name in ("q", "tok", "len", "slots", "e", "o", "r", "f", "es", "os", "match", "pref", "lim", "inf",
+                     "clen", "q1", "bidx", "rb", "start"):
+            setattr(v, name, getattr(self, "_" + name)[:bs])
+        v.inside = self._in[:bs]
+        v.len_col = v.len.view(-1, 1)
+        v.cmt, v.tok_k, v.inside_k, v.match_k = self._cmt[:bs, :k], v.tok[:, :k], v.inside[:, :k], v.match[:, :k]
+        v.inside_rest = v.inside[:, k:]
+        v.pref0, v.pref_rest, v.pref_l = v.pref[:, :1], v.pref[:, 1:], v.pref[:, : self.width]
+        v.bidx_flat, v.rb_flat = v.bidx.view(-1), v.rb.view(-1)
+        self._view_cache[(bs, k)] = v
+        return v
 
     def reset(self, slots: torch.Tensor) -> None:
         """Forget the records of ``slots`` (at prefill: a new request starts with no evidence)."""
@@ -160,26 +184,27 @@ class OnlineCalibration:
         bs, L = q.shape
         if L != self.width:
             raise ValueError(f"online calibration: q has {L} columns, the record {self.width}")
+        v = self._views(bs)
         if self.deferred is not None:
             if start is None:
                 raise ValueError("online calibration with defer > 0: apply needs start= (history lengths)")
-            self._start[:bs].copy_(start)
-        s = self._slots[:bs]
+            v.start.copy_(start)
+        s = v.slots
         s.copy_(slots)  # int32 or int64 slots, no allocation
-        self._q[:bs].copy_(q)
-        self._tok[:bs].copy_(tokens)
-        self._len[:bs].copy_(length)
-        e, o, r, f = self._e[:bs], self._o[:bs], self._r[:bs], self._f[:bs]
-        es, os_ = self._es[:bs], self._os[:bs]
+        v.q.copy_(q)
+        v.tok.copy_(tokens)
+        v.len.copy_(length)
+        e, o, r, f = v.e, v.o, v.r, v.f
+        es, os_ = v.es, v.os
         torch.index_select(self.expected, 0, s, out=e)
         torch.index_select(self.observed, 0, s, out=o)
-        sv, g, gs = self._s, self._g, self._gsum
-        torch.sum(self.global_observed, 0, keepdim=True, out=gs[:1])
-        torch.sum(self.global_expected, 0, keepdim=True, out=gs[1:])
+        sv, g, gs, gs_o, gs_e = self._s, self._g, self._gsum, self._gs_o, self._gs_e
+        torch.sum(self.global_observed, 0, keepdim=True, out=gs_o)
+        torch.sum(self.global_expected, 0, keepdim=True, out=gs_e)
         gs.add_(sv)
-        gs[:1].div_(gs[1:])  # G = (sum GO + s) / (sum GE + s), the traffic's ratio over all positions
-        gs[:1].mul_(sv)
-        torch.add(self.global_observed, gs[:1], out=g)
+        gs_o.div_(gs_e)  # G = (sum GO + s) / (sum GE + s), the traffic's ratio over all positions
+        gs_o.mul_(sv)
+        torch.add(self.global_observed, gs_o, out=g)
         torch.add(self.global_expected, sv, out=self._gtmp)
         g.div_(self._gtmp)  # g_j = (GO_j + s G) / (GE_j + s), the traffic-level ratio at position j
         torch.sum(o, 1, keepdim=True, out=os_)
@@ -199,16 +224,16 @@ class OnlineCalibration:
         torch.div(r, f, out=f)  # exactly 1 where r == 1
         q.mul_(f)
         if self.bins:  # second stage: the odds of q' times its bin's ratio
-            bidx, rb, kb = self._bidx[:bs], self._rb[:bs], self._bin_ratio
-            self._q1[:bs].copy_(q)
+            bidx, rb, kb = v.bidx, v.rb, self._bin_ratio
+            v.q1.copy_(q)
             bin_index(q, self._kf, self._zero_i, self._kmax, rb, bidx, self._coloff)
             torch.add(self.bin_observed, sv, out=kb)
             torch.add(self.bin_expected, sv, out=self._bin_tmp)
             kb.div_(self._bin_tmp)  # (BO_k + s) / (BE_k + s): exactly 1 with no evidence
-            torch.index_select(kb, 0, bidx.view(-1), out=rb.view(-1))
-            torch.sub(rb, self._one, out=self._r[:bs])
-            self._r[:bs].mul_(q).add_(self._one)
-            rb.div_(self._r[:bs])  # the second factor, exactly 1 where the ratio is 1
+            torch.index_select(kb, 0, v.bidx_flat, out=v.rb_flat)
+            torch.sub(rb, self._one, out=r)
+            r.mul_(q).add_(self._one)
+            rb.div_(r)  # the second factor, exactly 1 where the ratio is 1
             q.mul_(rb)
             f.mul_(rb)
         torch.cumprod(f, 1, out=r)
@@ -222,31 +247,31 @@ class OnlineCalibration:
         bs = committed.shape[0]
         L = self.width
         k = min(L, committed.shape[1])
-        s = self._slots[:bs]
+        v = self._views(bs, k)
+        s = v.slots
         s.copy_(slots)
-        match, pref, lim, inside = self._match[:bs], self._pref[:bs], self._lim[:bs], self._in[:bs]
+        match, lim, inside = v.match, v.lim, v.inside
         match.zero_()
-        cmt, clen, inside_f = self._cmt[:bs, :k], self._clen[:bs], self._inf[:bs]
+        cmt, clen, inside_f = v.cmt, v.clen, v.inf
         cmt.copy_(committed[:, :k])  # copy_ converts the dtype in place (an op on mixed dtypes would allocate)
         clen.copy_(commit_len.view(-1, 1))
-        torch.eq(self._tok[:bs, :k], cmt, out=inside[:, :k])
-        match[:, :k].copy_(inside[:, :k])
+        torch.eq(v.tok_k, cmt, out=v.inside_k)
+        v.match_k.copy_(v.inside_k)
         # lim = min(draft length, committed length): token j is scored iff j < lim and tokens 0..j-1 matched.
-        torch.minimum(self._len[:bs].view(-1, 1), clen, out=lim)
+        torch.minimum(v.len_col, clen, out=lim)
         torch.lt(self._col, lim, out=inside)
         if k < L:  # the committed row is shorter than the chain (host-known shape)
-            inside[:, k:].fill_(False)
+            v.inside_rest.fill_(False)
         inside_f.copy_(inside)
-        pref[:, :1].copy_(self._one)
-        torch.cumprod(match, 1, out=pref[:, 1:])  # pref[:, j] = tokens 0..j-1 all matched
-        tried, ok = self._e[:bs], self._o[:bs]
-        torch.mul(pref[:, :L], inside_f, out=tried)
-        torch.mul(pref[:, 1:], inside_f, out=ok)
-        qb, miss = self._q[:bs], self._r[:bs]
+        v.pref0.copy_(self._one)
+        torch.cumprod(match, 1, out=v.pref_rest)  # pref[:, j] = tokens 0..j-1 all matched
+        tried, ok = v.e, v.o
+        torch.mul(v.pref_l, inside_f, out=tried)
+        torch.mul(v.pref_rest, inside_f, out=ok)
+        qb, miss = v.q, v.r
         tried.sub_(ok)  # 1 at the failed token
         if self.bins:
-            bin_evidence(tried, ok, self._q1[:bs], self._bidx[:bs], self._rb[:bs], miss, self._bin_e, self._bin_o,
-                         self._one)
+            bin_evidence(tried, ok, v.q1, v.bidx, v.rb, miss, self._bin_e, self._bin_o, self._one)
         tried.mul_(qb)  # q (1 - y) over tried tokens
         torch.sub(self._one, qb, out=miss)
         ok.mul_(miss)  # (1 - q) y
@@ -258,13 +283,12 @@ class OnlineCalibration:
         ``hist_tokens [num_slots, W]`` / ``hist_lens [num_slots]``: ``TokenHistory.tokens`` / ``.lens``."""
         if self.deferred is None:
             raise ValueError("online calibration: update_from_history needs defer > 0")
-        bs = slots.shape[0]
-        s = self._slots[:bs]
+        v = self._views(slots.shape[0])
+        s = v.slots
         s.copy_(slots)
-        tried, ok = self._e[:bs], self._o[:bs]
-        self.deferred.score(s, self._tok[:bs], self._len[:bs], self._q[:bs], self._start[:bs], hist_tokens,
-                            hist_lens, tried, ok, q1=self._q1[:bs] if self.bins else None,
-                            bin_tried_out=self._bin_e, bin_ok_out=self._bin_o)
+        tried, ok = v.e, v.o
+        self.deferred.score(s, v.tok, v.len, v.q, v.start, hist_tokens, hist_lens, tried, ok,
+                            q1=v.q1 if self.bins else None, bin_tried_out=self._bin_e, bin_ok_out=self._bin_o)
         self._add(s, tried, ok)
 
     def _add(self, s: torch.Tensor, tried: torch.Tensor, ok: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ never read the device and never branch on device data.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -62,11 +63,27 @@ class ModelTail:
         # Request-steps that verified the model chain into its tail, and the tail tokens accepted (``counts()``).
         self.counters = ChainCounters(max_bs, dev, ("tail_chosen", "accepted_tail"), offset=gamma + 1)
         self._is_model = torch.zeros(max_bs, dtype=torch.bool, device=dev)
+        self._view_cache: dict[int, SimpleNamespace] = {}
+
+    def _views(self, bs: int) -> SimpleNamespace:
+        """The ``[:bs]`` slices ``extend`` / ``update`` use, made once per batch size: each slice is a Python-level
+        op that an eagerly launched step pays on every call."""
+        v = self._view_cache.get(bs)
+        if v is None:
+            g, d = self.gamma, self._draft
+            v = SimpleNamespace(q=self.q[:bs], surv=self.surv[:bs], tok=self.tokens[:bs], sv=self.survival[:bs],
+                                no_model=self._no_model[:bs], eq=self._eq[:bs], whole=self._whole[:bs],
+                                n=self._n[:bs], is_model=self._is_model[:bs])
+            v.tok_model, v.tok_tail = v.tok[:, :g], v.tok[:, g:]
+            v.sv_model, v.sv_tail = v.sv[:, :g], v.sv[:, g:]
+            v.draft = NgramDraft(d.tokens[:bs], d.length[:bs], d.match_len[:bs], d.match_count[:bs],
+                                 d.in_prompt[:bs])
+            self._view_cache[bs] = v
+        return v
 
     def draft_buffers(self, bs: int) -> NgramDraft:
         """Output buffers for ``TokenHistory.lookup_after`` (rows ``[:bs]``)."""
-        d = self._draft
-        return NgramDraft(d.tokens[:bs], d.length[:bs], d.match_len[:bs], d.match_count[:bs], d.in_prompt[:bs])
+        return self._views(bs).draft
 
     def reset(self, slots: torch.Tensor) -> None:
         """At prefill: a new request's record starts empty."""
@@ -84,16 +101,16 @@ class ModelTail:
         bs, g = model_tokens.shape
         if g != self.gamma:
             raise ValueError(f"ModelTail: model_tokens has {g} columns, gamma is {self.gamma}")
-        q, surv = self.q[:bs], self.surv[:bs]
-        calibration.apply(draft, self._no_model[:bs], q, surv)
+        v = self._views(bs)
+        q, surv = v.q, v.surv
+        calibration.apply(draft, v.no_model, q, surv)
         if self.online is not None:
             self.online.apply(slots, draft.tokens, draft.length, q, surv)
-        tok, sv = self.tokens[:bs], self.survival[:bs]
-        tok[:, :g].copy_(model_tokens)
-        tok[:, g:].copy_(draft.tokens)
-        sv[:, :g].copy_(model_surv)
-        torch.mul(surv, model_surv[:, g - 1 :], out=sv[:, g:])
-        return tok, sv
+        v.tok_model.copy_(model_tokens)
+        v.tok_tail.copy_(draft.tokens)
+        v.sv_model.copy_(model_surv)
+        torch.mul(surv, model_surv[:, g - 1 :], out=v.sv_tail)
+        return v.tok, v.sv
 
     def update(self, slots: torch.Tensor, committed: torch.Tensor, counts: torch.Tensor,
                choice: Optional[torch.Tensor] = None, verified: Optional[torch.Tensor] = None) -> None:
@@ -105,8 +122,9 @@ class ModelTail:
         bs, k = committed.shape
         g = self.gamma
         if self.online is not None and k > g:  # else no committed column past the model chain (host-known shape)
-            eq, whole, n = self._eq[:bs], self._whole[:bs], self._n[:bs]
-            torch.eq(committed[:, :g], self.tokens[:bs, :g], out=eq)
+            v = self._views(bs)
+            eq, whole, n = v.eq, v.whole, v.n
+            torch.eq(committed[:, :g], v.tok_model, out=eq)
             torch.all(eq, 1, out=whole)
             n.copy_(counts)
             n.sub_(self._gamma)
@@ -114,7 +132,7 @@ class ModelTail:
             n.clamp_(min=0)
             self.online.update(slots, committed[:, g:], n)
         if choice is not None and verified is not None:
-            used, is_model = self.counters.used[:bs], self._is_model[:bs]
+            used, is_model = self.counters.rows(bs)[0], self._views(bs).is_model
             torch.gt(verified, self._gamma, out=used)
             torch.eq(choice, self._zero, out=is_model)
             used.logical_and_(is_model)
