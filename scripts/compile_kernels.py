@@ -99,8 +99,9 @@ def launch_all(bs: int) -> list[str]:
     table, coef, tenant = (_i32(nb, ways), _i32(nb, ways), _i32(nb, ways)), make_coef(n_max, "cpu"), _i32(bs)
     corpus_kernels.corpus_lookup_triton(*table, coef, toks, lens, slots, tenant, _i32(bs, D), _i32(bs), _i32(bs),
                                         _i32(bs), _i32(bs), _i32(bs, D), n_max, 1, 1 << 14)
+    scratch = torch.zeros(corpus_kernels.scratch_size(bs, 32, n_max), dtype=torch.int64)
     corpus_kernels.corpus_insert_triton(*table, _i32(nb * ways), coef, toks, lens, slots, tenant, _i32(bs), _i32(bs),
-                                        8, n_max, True)
+                                        32, n_max, True, scratch)
     labels += ["corpus lookup", "corpus insert claim", "corpus insert resolve", "corpus insert count"]
 
     cal = DeviceCalibration(CalibrationTable.load_default(), "cpu", backend="torch")

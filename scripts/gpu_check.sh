@@ -25,8 +25,8 @@
 #   bench_ngram     scripts/bench_ngram.py on CUDA, bs {1,4,32,128} x history {1k,8k,32k,128k}, torch and
 #                   Triton; then the Triton column again as CUDA-graph replays (bench_ngram_graph)
 #   bench_corpus    scripts/bench_ngram.py --corpus: the cross-request corpus's lookup and insert, torch and
-#                   Triton (bench_corpus_graph, run right after bench_step: Triton as CUDA-graph replays; the
-#                   issue's budget is under 30 us together at bs 128)
+#                   Triton (bench_corpus_graph, run right after tests_ngram: Triton as CUDA-graph replays, bs 128
+#                   first; the issue's budget is under 30 us together at bs 128)
 #   bench_selection scripts/bench_selection.py on CUDA (if present), bs {1,4,32,128,512} x L {8,16,32}; it gets
 #                   what is left of the budget (the bs=512 kernel alone takes ~1 min to compile)
 #
@@ -42,6 +42,8 @@
 #   GPU_CHECK_SITE         where carried wheels are installed (default /tmp/site)
 #   GPU_CHECK_NGRAM_SIZES  bench_ngram sizes (default "--bs 1,4,32,128 --hist 1k,8k,32k,128k")
 #   GPU_CHECK_STEP_SIZES   bench_step arguments (default "--bs 1,4,32,128")
+#   GPU_CHECK_CORPUS_GRAPH_SIZES  bench_corpus_graph sizes (default "--bs 128,1,32 --hist 1k,8k": the issue's
+#                          bs 128 budget first)
 #   GPU_CHECK_DEVICE       cuda (default); "cpu" rehearses the whole script on a CPU machine (interpreter tests,
 #                          CPU benchmarks), e.g. GPU_CHECK_DEVICE=cpu GPU_CHECK_NGRAM_SIZES="--bs 1 --hist 1k"
 #
@@ -94,8 +96,9 @@ PYTEST=("$PY" -m pytest -v -p no:cacheprovider -rfE --durations=8 --tb=short)
 read -r -a NGRAM_SIZES <<< "${GPU_CHECK_NGRAM_SIZES:---bs 1,4,32,128 --hist 1k,8k,32k,128k}"
 NGRAM_BENCH=(scripts/bench_ngram.py --device "$DEV" "${NGRAM_SIZES[@]}" --repeats 20 --warmup 3)
 CORPUS_BENCH=(scripts/bench_ngram.py --device "$DEV" --corpus "${NGRAM_SIZES[@]}" --repeats 20 --warmup 3)
-CORPUS_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" --corpus "${NGRAM_SIZES[@]}" --backends triton --cuda-graph
-                    --repeats 20 --warmup 3)
+read -r -a CORPUS_GRAPH_SIZES <<< "${GPU_CHECK_CORPUS_GRAPH_SIZES:---bs 128,1,32 --hist 1k,8k}"
+CORPUS_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" --corpus "${CORPUS_GRAPH_SIZES[@]}" --backends triton
+                    --cuda-graph --repeats 20 --warmup 3)
 read -r -a STEP_SIZES <<< "${GPU_CHECK_STEP_SIZES:---bs 1,4,32,128}"
 STEP_BENCH=(scripts/bench_step.py --device "$DEV" "${STEP_SIZES[@]}")
 NGRAM_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" "${NGRAM_SIZES[@]}" --backends triton --cuda-graph
@@ -236,6 +239,9 @@ run_section tests_calibration test 90 "$WORK/tests_calibration.txt" "${KERNEL_EN
     "${PYTEST[@]}" tests/test_calibration_apply.py
 run_section tests_ngram test 240 "$WORK/tests_ngram.txt" "${KERNEL_ENV[@]}" -- "${PYTEST[@]}" tests/test_ngram_*.py
 
+# The corpus's lookup + insert as CUDA-graph replays, bs 128 first: issue 14's budget (under 30 us together)
+run_section bench_corpus_graph bench 60 "$WORK/bench_corpus_graph.md" TRITON_INTERPRET="$INTERP" -- \
+    "$PY" "${CORPUS_BENCH_GRAPH[@]}"
 # The step replayed as CUDA graphs through sglang_hybrid/graphs.py (option step_graphs) == the eager step
 run_section tests_step_graphs test 120 "$WORK/tests_step_graphs.txt" "${KERNEL_ENV[@]}" -- \
     "${PYTEST[@]}" tests/test_step_graphs.py
@@ -244,8 +250,6 @@ run_section tests_step_graphs test 120 "$WORK/tests_step_graphs.txt" "${KERNEL_E
 # The whole decode step (propose + record) eager and as a CUDA-graph replay, and the graph == eager check
 # (a test: a graph that differs from the eager step, or fails to capture, fails the script).
 run_section bench_step test 240 "$WORK/bench_step.md" TRITON_INTERPRET="$INTERP" -- "$PY" "${STEP_BENCH[@]}"
-run_section bench_corpus_graph bench 60 "$WORK/bench_corpus_graph.md" TRITON_INTERPRET="$INTERP" -- \
-    "$PY" "${CORPUS_BENCH_GRAPH[@]}"
 
 SEL_RUN=()
 SEL_NOTES=()

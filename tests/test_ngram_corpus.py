@@ -50,8 +50,9 @@ def _run_insert(tables, coef, hist, slots, tenant, start, counts, max_pos, n_max
     args = (slots, tenant, start, counts)
     ref.corpus_insert_ref(*a, coef, *hist, *args, max_pos, n_max, from_end)
     corpus_insert_oracle(*o, coef, *hist, *args, max_pos, n_max, from_end)
+    scratch = torch.full((_kernels().scratch_size(len(slots), max_pos, n_max),), 7, dtype=torch.int64, device=DEV)
     _kernels().corpus_insert_triton(*k, coef.to(DEV), *(h.to(DEV) for h in hist), *(x.to(DEV) for x in args),
-                                    max_pos, n_max, from_end)
+                                    max_pos, n_max, from_end, scratch)
     for x, y, z, name in zip(a, o, k, ("tag", "tok", "cnt", "claim")):
         assert torch.equal(x, y), f"reference != oracle ({name})"
         assert torch.equal(x, z.cpu()), f"reference != triton ({name})"
@@ -114,6 +115,17 @@ def test_long_walks_past_the_history_context_agree_exactly(n_max: int, W: int) -
     tables = _run_insert(tables, coef, hist, slots, zero, zero, counts, 64, n_max, True)
     out = _run_lookup(tables, coef, hist, slots, zero, 16, n_max, 1, 1)
     assert int(out[1].max()) == 16, out[1]  # at least one walk drafts all 16 positions
+
+
+def test_insert_kernel_names_a_missing_or_short_scratch() -> None:
+    coef = make_coef(2, "cpu")
+    tables = tuple(t.to(DEV) for t in _table(4, 2))
+    hist = tuple(h.to(DEV) for h in _history([[5, 6, 7]], 8))
+    one = torch.ones(1, dtype=torch.int32, device=DEV)
+    args = (*tables, coef.to(DEV), *hist, one - 1, one - 1, one - 1, one)
+    for scratch in (None, torch.zeros(5, dtype=torch.int64, device=DEV), torch.zeros(99, dtype=torch.int32, device=DEV)):
+        with pytest.raises(ValueError, match="argument 'scratch' must be int64 with >= 12 elements"):
+            _kernels().corpus_insert_triton(*args, 4, 2, True, scratch)
 
 
 def test_saturated_entry_is_halved() -> None:

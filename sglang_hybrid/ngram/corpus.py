@@ -7,7 +7,8 @@ to next tokens with counts, for every order ``1 <= n <= n_max``, with bounded, d
 by confidence (the estimated survival must stay above ``tau``), not by a fixed K.
 
 Memory: ``entries * 16`` bytes on the device (tag, token, count, claim scratch: int32 each); the default
-``2**21`` entries is 32 MiB. The table never grows; when full, a contested entry's count halves on every
+``2**21`` entries is 32 MiB. The insert's update keys add ``8 * max_batch_size * insert_chunk * (n_max + 1)``
+bytes (2.25 MiB at batch 128 with the defaults). The table never grows; when full, a contested entry's count halves on every
 contesting insert and the entry is replaced when it reaches zero.
 
 API for the decode step (all device work on preallocated buffers, no host synchronisation, fixed shapes,
@@ -178,6 +179,10 @@ class NgramCorpus:
             q=torch.zeros((max_batch_size, max_draft), dtype=torch.int32, device=device),
         )
         self._insert, self._lookup = _ops(backend)
+        # The insert's update keys between its launches (Triton); sized for the largest call (decode and prompt
+        # chunks both pass max_pos = insert_chunk).
+        self._scratch = torch.zeros(max_batch_size * cfg.insert_chunk * (cfg.n_max + 1), dtype=torch.int64,
+                                    device=device)
 
     # ------------------------------------------------------------------ checks (host only)
 
@@ -239,7 +244,7 @@ class NgramCorpus:
             raise ValueError(f"counts has {counts.shape[0]} entries, slots has {bs}")
         ten = self._tenant(tenant, bs)
         self._insert(self.tag, self.tok, self.cnt, self.claim, self.coef, history.tokens, history.lens, slots,
-                     ten, self._start[:bs], counts, self.cfg.insert_chunk, self.cfg.n_max, True)
+                     ten, self._start[:bs], counts, self.cfg.insert_chunk, self.cfg.n_max, True, self._scratch)
 
     def insert_prompt(self, history, slots: torch.Tensor, prompt_len: torch.Tensor,
                       tenant: Optional[torch.Tensor] = None, max_prompt_len: Optional[int] = None) -> None:
@@ -261,7 +266,7 @@ class NgramCorpus:
             start = torch.full((bs,), c0, dtype=torch.int32, device=self.device)
             cnt = (prompt_len.to(torch.int32) - c0).clamp(0, ch)
             self._insert(self.tag, self.tok, self.cnt, self.claim, self.coef, history.tokens, history.lens,
-                         slots, ten, start, cnt, ch, self.cfg.n_max, False)
+                         slots, ten, start, cnt, ch, self.cfg.n_max, False, self._scratch)
 
     def reset(self) -> None:
         """Forget everything (e.g. on a model or tokenizer change)."""

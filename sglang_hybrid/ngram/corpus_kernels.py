@@ -1,7 +1,8 @@
 """Triton kernels of the cross-request n-gram corpus; same signatures and semantics as ``corpus_reference.py``.
 
 Insert is three launches (claim, resolve, count), each order-independent (atomic min / add only, and single
-writers in the resolve phase), so the table after a call is deterministic on a GPU. Lookup is one program per
+writers in the resolve phase), so the table after a call is deterministic on a GPU; the claim launch hashes and
+leaves each update's key in a scratch buffer, so the other two start from one load. Lookup is one program per
 request walking up to ``max_draft`` positions with its context in registers. Launchers allocate nothing and
 never read device data on the host. All hash arithmetic is int64 with every product below ``2**62`` (exact, as in the reference).
 """
@@ -14,7 +15,7 @@ import triton.language as tl
 
 from .corpus_reference import CAP, INT32_MAX, P
 
-__all__ = ["corpus_insert_triton", "corpus_lookup_triton"]
+__all__ = ["corpus_insert_triton", "corpus_lookup_triton", "scratch_size"]
 
 
 def _pow2(x: int) -> int:
@@ -56,62 +57,82 @@ def _hashes(ctx, kk, kv, g, coef_ptr, L, N_P: tl.constexpr):
 @triton.jit
 def _insert_kernel(
     tag_ptr, tok_ptr, cnt_ptr, claim_ptr, coef_ptr, hist_ptr, lens_ptr, slots_ptr, tenant_ptr, start_ptr,
-    counts_ptr, num_slots, width, NB, L, max_pos, n_max,
+    counts_ptr, scratch_ptr, num_slots, width, NB, L, max_pos, n_max,
     PHASE: tl.constexpr, FROM_END: tl.constexpr, C: tl.constexpr, N_P: tl.constexpr,
 ):
+    """One history position ``i`` of batch row ``b``, all its context orders (lanes ``kk``). The claim phase
+    reads the history and hashes; it leaves each update's entry and tag (``tag << 32 | entry``, -1 = no update)
+    and the position's token in ``scratch``, row ``b * max_pos + i`` of ``n_max + 1`` int64, so the resolve and
+    count phases start from one load instead of the slot -> length -> history chain."""
     PP: tl.constexpr = 2147483647
     b = tl.program_id(0)
     i = tl.program_id(1)
-    s = tl.load(slots_ptr + b).to(tl.int64)
-    ok = (s >= 0) & (s < num_slots)
-    s = tl.where(ok, s, 0)
-    T = tl.where(ok, tl.load(lens_ptr + s).to(tl.int64), 0)
-    lo = tl.maximum(T - width, 0)
-    c = tl.minimum(tl.maximum(tl.load(counts_ptr + b).to(tl.int64), 0), max_pos)
-    if FROM_END:
-        p0 = T - c
-    else:
-        p0 = tl.load(start_ptr + b).to(tl.int64)
-    p = p0 + i
-    pv = ok & (i < c) & (p >= lo) & (p < T)
-    row = hist_ptr + s * width
-    pc = tl.where(pv, p, 0)
-    t = tl.load(row + pc % width).to(tl.int64)
     kk = tl.arange(0, N_P)
-    q = pc - 1 - kk
-    kv = pv & (kk < n_max) & (q >= lo)
-    ctx = tl.load(row + tl.where(kv, q, 0) % width, mask=kv, other=0).to(tl.int64)
-    g = (tl.load(tenant_ptr + b).to(tl.int64) & 0x7FFFFFFF) + 1
-    H1, H2 = _hashes(ctx, kk, kv, g, coef_ptr, L, N_P)
-    RS = tl.load(coef_ptr + 4 * L + 4)
-    e = (H1 & (NB - 1)) * C + ((((t + 1) * RS) % PP) & (C - 1))
-    gt = H2 + 1
-    u = (b.to(tl.int64) * max_pos + i) * n_max + kk
+    lanes = kk < n_max
+    row_u = b.to(tl.int64) * max_pos + i
+    u = row_u * n_max + kk
+    srow = scratch_ptr + row_u * (n_max + 1)
     if PHASE == 0:
+        s = tl.load(slots_ptr + b).to(tl.int64)
+        ok = (s >= 0) & (s < num_slots)
+        s = tl.where(ok, s, 0)
+        T = tl.where(ok, tl.load(lens_ptr + s).to(tl.int64), 0)
+        lo = tl.maximum(T - width, 0)
+        c = tl.minimum(tl.maximum(tl.load(counts_ptr + b).to(tl.int64), 0), max_pos)
+        if FROM_END:
+            p0 = T - c
+        else:
+            p0 = tl.load(start_ptr + b).to(tl.int64)
+        p = p0 + i
+        pv = ok & (i < c) & (p >= lo) & (p < T)
+        row = hist_ptr + s * width
+        pc = tl.where(pv, p, 0)
+        t = tl.load(row + pc % width).to(tl.int64)
+        q = pc - 1 - kk
+        kv = pv & lanes & (q >= lo)
+        ctx = tl.load(row + tl.where(kv, q, 0) % width, mask=kv, other=0).to(tl.int64)
+        g = (tl.load(tenant_ptr + b).to(tl.int64) & 0x7FFFFFFF) + 1
+        H1, H2 = _hashes(ctx, kk, kv, g, coef_ptr, L, N_P)
+        RS = tl.load(coef_ptr + 4 * L + 4)
+        e = (H1 & (NB - 1)) * C + ((((t + 1) * RS) % PP) & (C - 1))
+        gt = H2 + 1
+        tl.store(srow + kk, tl.where(kv, (gt << 32) | e, -1), mask=lanes)
+        tl.store(srow + n_max, t)
         ctag = tl.load(tag_ptr + e, mask=kv, other=0).to(tl.int64)
         ctok = tl.load(tok_ptr + e, mask=kv, other=0).to(tl.int64)
         ccnt = tl.load(cnt_ptr + e, mask=kv, other=0)
         match = (ctag == gt) & (ctok == t)
         contest = kv & ((match == 0) | (ccnt >= 1073741824))
         tl.atomic_min(claim_ptr + e, u.to(tl.int32), mask=contest)
-    elif PHASE == 1:
-        cl = tl.load(claim_ptr + e, mask=kv, other=2147483647).to(tl.int64)
-        win = kv & (cl == u)
-        ctag = tl.load(tag_ptr + e, mask=win, other=0).to(tl.int64)
-        ctok = tl.load(tok_ptr + e, mask=win, other=0).to(tl.int64)
-        ccnt = tl.load(cnt_ptr + e, mask=win, other=0)
-        match = (ctag == gt) & (ctok == t)
-        half = ccnt >> 1
-        take = win & (match == 0) & (half == 0)
-        tl.store(tag_ptr + e, gt.to(tl.int32), mask=take)
-        tl.store(tok_ptr + e, tl.zeros_like(ccnt) + t.to(tl.int32), mask=take)
-        tl.store(cnt_ptr + e, tl.where(take, 0, half), mask=win)
-        tl.store(claim_ptr + e, tl.zeros_like(ccnt) + 2147483647, mask=win)  # only this winner reads it
     else:
+        key = tl.load(srow + kk, mask=lanes, other=-1)
+        t = tl.load(srow + n_max)
+        kv = key >= 0
+        e = tl.where(kv, key & 0xFFFFFFFF, 0)
+        gt = key >> 32
         ctag = tl.load(tag_ptr + e, mask=kv, other=0).to(tl.int64)
         ctok = tl.load(tok_ptr + e, mask=kv, other=0).to(tl.int64)
-        hit = kv & (ctag == gt) & (ctok == t)
-        tl.atomic_add(cnt_ptr + e, tl.full([N_P], 1, tl.int32), mask=hit)
+        if PHASE == 1:
+            # The entry's fields are loaded with the claim, not after it: only the winner of ``e`` writes ``e``
+            # in this phase, and a lane uses what it read only where it is that winner.
+            cl = tl.load(claim_ptr + e, mask=kv, other=2147483647).to(tl.int64)
+            ccnt = tl.load(cnt_ptr + e, mask=kv, other=0)
+            win = kv & (cl == u)
+            match = (ctag == gt) & (ctok == t)
+            half = ccnt >> 1
+            take = win & (match == 0) & (half == 0)
+            tl.store(tag_ptr + e, gt.to(tl.int32), mask=take)
+            tl.store(tok_ptr + e, tl.zeros_like(ccnt) + t.to(tl.int32), mask=take)
+            tl.store(cnt_ptr + e, tl.where(take, 0, half), mask=win)
+            tl.store(claim_ptr + e, tl.zeros_like(ccnt) + 2147483647, mask=win)  # only this winner reads it
+        else:
+            hit = kv & (ctag == gt) & (ctok == t)
+            tl.atomic_add(cnt_ptr + e, tl.full([N_P], 1, tl.int32), mask=hit)
+
+
+def scratch_size(bs: int, max_pos: int, n_max: int) -> int:
+    """int64 elements the insert's ``scratch`` needs for ``bs`` rows of ``max_pos`` positions."""
+    return bs * max_pos * (n_max + 1)
 
 
 def corpus_insert_triton(
@@ -129,16 +150,25 @@ def corpus_insert_triton(
     max_pos: int,
     n_max: int,
     from_end: bool,
+    scratch: torch.Tensor | None = None,
 ) -> None:
-    """Triton twin of :func:`corpus_reference.corpus_insert_ref` (claim, resolve, count launches)."""
+    """Triton twin of :func:`corpus_reference.corpus_insert_ref` (claim, resolve, count launches).
+
+    ``scratch``: int64, at least :func:`scratch_size` elements (the update keys passed between the launches;
+    ``NgramCorpus`` keeps one). Required here; the reference takes and ignores it."""
     NB, C = tag.shape
     num_slots, width = hist_tokens.shape
     bs = slots.shape[0]
     if bs == 0 or max_pos <= 0:
         return
+    need = scratch_size(bs, max_pos, n_max)
+    if scratch is None or scratch.dtype != torch.int64 or scratch.numel() < need or scratch.device != tag.device:
+        got = "None" if scratch is None else f"{scratch.dtype} x {scratch.numel()} on {scratch.device}"
+        raise ValueError(f"corpus_insert_triton: argument 'scratch' must be int64 with >= {need} elements on "
+                         f"{tag.device}, got {got}")
     for phase in range(3):
         _insert_kernel[(bs, max_pos)](
-            tag, tok, cnt, claim, coef, hist_tokens, hist_lens, slots, tenant, start, counts,
+            tag, tok, cnt, claim, coef, hist_tokens, hist_lens, slots, tenant, start, counts, scratch,
             num_slots, width, NB, coef.shape[1], max_pos, n_max,
             PHASE=phase, FROM_END=bool(from_end), C=C, N_P=_pow2(n_max), num_warps=1,
         )

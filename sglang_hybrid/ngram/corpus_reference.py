@@ -100,8 +100,10 @@ def corpus_insert_ref(
     max_pos: int,
     n_max: int,
     from_end: bool,
+    scratch: torch.Tensor | None = None,
 ) -> None:
-    """Insert history positions of ``slots`` into the corpus (see the module docstring)."""
+    """Insert history positions of ``slots`` into the corpus (see the module docstring). ``scratch`` is the
+    Triton twin's buffer between its launches; the reference does not need it and leaves it alone."""
     NB, C = tag.shape
     num_slots, W = hist_tokens.shape
     bs = slots.shape[0]
