@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..calibration.candidates import make_step_corpus
@@ -44,6 +45,9 @@ class StepInput:
     model_tokens: torch.Tensor  # [bs, gamma] int32 the model drafter's chain
     conf: torch.Tensor  # [bs, gamma] float32 its per-position conditional confidences
     context_tokens: Optional[torch.Tensor] = None  # 0-d float: the KV tokens the step reads (all requests)
+    # The reference continuation [bs, look] int64 (-1 past the end): only for a policy whose ``clairvoyant`` is
+    # True (``oracle.py``, a yardstick); what a server runs never sees it.
+    reference: Optional[np.ndarray] = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from .simulator import PolicyResult, Request, run_policy
 from .trace import ModelDraws, load_trace
 
 POLICIES = ("dspark", "ngram", "hybrid")
+ORACLE = "oracle"  # a clairvoyant yardstick (oracle.py), run only when SimOptions.oracle names a mode
 DEFAULT_DRAFT_COST_FRAC = 0.15
 RAGGED_MAX_DRAFT = 16  # the simulator's default hybrid n-gram chain under the ragged verify (SimOptions)
 DEFAULT_NGRAM_WIDTH = 12  # SGLang NGRAM's default --speculative-num-draft-tokens
@@ -63,14 +64,20 @@ class SimOptions:
     sps2d: str = "auto"  # hybrid's price: "auto" = a 2-D table (selection/sps2d.py) matching the cost model under
     # roofline-2d, the 1-D table under sps; "off" = always 1-D; "roofline" or a 2-D table JSON path
     measure: str = "steady"  # "steady": full batches only (stop when the queue runs dry); "all": to the end
+    oracle: str = ""  # "" = none; else also run the clairvoyant bound of that mode (oracle.ORACLE_MODES)
     progress: bool = False
 
     def validate(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
-        bad = [p for p in self.policies if p not in POLICIES]
+        bad = [p for p in self.policies if p not in POLICIES and not (p == ORACLE and self.oracle)]
         if bad or not self.policies:
             raise ValueError(f"policies: choose from {POLICIES}, got {list(self.policies)}")
+        if self.oracle:
+            from .oracle import ORACLE_MODES
+
+            if self.oracle not in ORACLE_MODES:
+                raise ValueError(f"oracle: choose from {ORACLE_MODES}, got {self.oracle!r}")
         if self.gamma < 1:
             raise ValueError(f"gamma: must be >= 1, got {self.gamma}")
         if self.max_requests < 0:
@@ -202,6 +209,11 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
                             online_defer=opts.online_defer, online_bins=opts.online_bins, sps2d=sps2d,
                             two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries,
                             model_tail=opts.model_tail)
+    if name == ORACLE and opts.oracle:
+        from .oracle import OraclePolicy
+
+        return OraclePolicy(opts.gamma, sps, opts.oracle, lag=opts.dspark_lag, n_min=opts.n_min, n_max=opts.n_max,
+                            max_draft=opts.hybrid_max_draft, window=opts.window)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 
 
@@ -234,4 +246,6 @@ def simulate(records: Sequence[Record], opts: SimOptions, *, tokenizer=None, cal
     for other in ("dspark", "ngram"):
         if "hybrid" in results and other in results and results[other].throughput:
             out["ratios"][f"hybrid_over_{other}"] = round(results["hybrid"].throughput / results[other].throughput, 4)
+    if ORACLE in results and "dspark" in results and results["dspark"].throughput:
+        out["ratios"]["oracle_over_dspark"] = round(results[ORACLE].throughput / results["dspark"].throughput, 4)
     return out

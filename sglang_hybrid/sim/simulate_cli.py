@@ -19,7 +19,8 @@ from typing import Sequence
 
 from .acceptance import DEFAULT_CONCENTRATION, DEFAULT_DECAY
 from ..config import HybridConfig
-from .runner import DEFAULT_DRAFT_COST_FRAC, DEFAULT_NGRAM_WIDTH, POLICIES, SimOptions
+from .oracle import ORACLE_MODES
+from .runner import DEFAULT_DRAFT_COST_FRAC, DEFAULT_NGRAM_WIDTH, ORACLE, POLICIES, SimOptions
 
 
 def _batch_sizes(s: str) -> list[int]:
@@ -42,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_batch_sizes, default=None,
                    help="concurrent requests; a comma list runs each (default: 4,32,128 with --default)")
     p.add_argument("--policy", choices=POLICIES + ("all",), default="all")
+    p.add_argument("--oracle", choices=ORACLE_MODES, default=None,
+                   help="also run a clairvoyant bound over DSpark (sim/oracle.py: 'choice' = the better chain at "
+                   "DSpark's lengths, 'lengths' = the model chain verified only as far as it is accepted, 'both'); "
+                   "a yardstick that reads the reference output, not a policy")
     p.add_argument("--sps-table", default=None, help="SPS table JSON (SGLang DSpark SpsCostTable format); "
                    "default: the shipped roofline table (8B bf16 on one H200)")
     p.add_argument("--tokenizer", default=None, help="HF tokenizer directory (default: the shipped tokenizer)")
@@ -114,9 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _policies(args: argparse.Namespace) -> tuple[str, ...]:
+    pols = POLICIES if args.policy == "all" else (args.policy,)
+    if args.oracle:  # the bound is read against DSpark, so DSpark runs too
+        pols = tuple(dict.fromkeys(pols + ("dspark", ORACLE)))
+    return pols
+
+
 def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
     return SimOptions(
-        batch_size=batch_size, policies=POLICIES if args.policy == "all" else (args.policy,), gamma=args.gamma,
+        batch_size=batch_size, policies=_policies(args), oracle=args.oracle or "", gamma=args.gamma,
         seed=args.seed, max_requests=args.max_requests or 0, draft_cost_frac=args.draft_cost_frac,
         dspark_lag=args.dspark_lag, ngram_width=args.ngram_width, accept_length=args.accept_length,
         concentration=args.concentration, decay=args.decay, trace=args.trace, n_min=args.n_min, n_max=args.n_max,

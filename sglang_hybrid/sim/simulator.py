@@ -165,6 +165,7 @@ def run_policy(
     slot_req = np.full(batch_size, -1, dtype=np.int64)  # position in reqs_list of each slot's request
     slot_pos = np.zeros(batch_size, dtype=np.int64)  # its output position
     bar = _bar(len(queue), progress, label or policy.name)
+    clairvoyant = bool(getattr(policy, "clairvoyant", False))  # sees the reference (oracle.py), a yardstick only
     col = np.arange(gamma)
     ar_look = np.arange(look)
     while queue or (slot_req >= 0).any():
@@ -190,7 +191,8 @@ def run_policy(
         model_tok = np.where(col[None, :] < acc_m[:, None], ref[:, :gamma], wrong)
         inp = StepInput(slots, req_index[ri], torch.from_numpy(model_tok.astype(np.int32)),
                         torch.from_numpy(np.ascontiguousarray(conf, dtype=np.float32)),
-                        torch.tensor(float(prompt_len[ri].sum() + pos.sum())))
+                        torch.tensor(float(prompt_len[ri].sum() + pos.sum())),
+                        reference=ref if clairvoyant else None)
         out = policy.step(inp, hist)
         vl = out.verify_len.numpy().astype(np.int64)
         chain = out.tokens.numpy().astype(np.int64)

@@ -1,0 +1,84 @@
+"""A clairvoyant policy for the simulator: upper bounds on what a better chain choice or better verify lengths
+could add over DSpark, on the same workload and cost model. It reads the reference output, which no server
+has; it is a yardstick for the hybrid, never a policy to serve.
+
+Both bounds start from DSpark's own step (``DSparkPolicy``: SGLang's budget on lagged survivals and top-K
+verify lengths) and change one thing:
+
+* ``choice``: each request keeps DSpark's verify length, and takes whichever chain the reference accepts
+  furthest within it: the model chain, or the n-gram chain from the request's own history
+  (``TokenHistory.lookup``, the hybrid's configuration). The verify batch can only shrink (an n-gram chain
+  shorter than the length verifies only its own tokens). This bounds what choosing between the two chains
+  adds at DSpark's lengths.
+* ``lengths``: the model chain, verified only as far as the reference accepts it (capped by DSpark's length):
+  a perfect confidence. This bounds what better lengths add with the model chain alone.
+* ``both``: the two together (the chosen chain, verified as far as it is accepted).
+
+``run_policy`` passes the reference continuation to a policy whose ``clairvoyant`` is True
+(``StepInput.reference``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..ngram import NgramConfig, TokenHistory
+from ..selection.sps import SpsTable
+from .policies import DSparkPolicy, StepInput, StepOutput
+
+__all__ = ["ORACLE_MODES", "OraclePolicy"]
+
+ORACLE_MODES = ("choice", "lengths", "both")
+
+
+def accepted(chain: np.ndarray, ref: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Tokens of ``chain [bs, C]`` the reference ``ref [bs, >= C]`` accepts within ``length [bs]``."""
+    c = chain.shape[1]
+    m = (chain == ref[:, :c]) & (np.arange(c)[None, :] < length[:, None])
+    return np.where(m.all(axis=1), c, np.argmin(m, axis=1))
+
+
+class OraclePolicy(DSparkPolicy):
+    """DSpark's step with a clairvoyant chain choice and/or verify length (see the module docstring)."""
+
+    name = "oracle"
+    clairvoyant = True
+
+    def __init__(self, gamma: int, sps: SpsTable, mode: str, *, lag: int = 2, n_min: int = 2, n_max: int = 8,
+                 max_draft: int = 16, window: int = 0) -> None:
+        if mode not in ORACLE_MODES:
+            raise ValueError(f"oracle mode: choose from {ORACLE_MODES}, got {mode!r}")
+        super().__init__(gamma, sps, lag=lag)
+        self.mode = mode
+        self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
+        self.cfg.validate()
+
+    def step(self, inp: StepInput, history: TokenHistory) -> StepOutput:
+        if inp.reference is None:
+            raise ValueError("OraclePolicy needs StepInput.reference (run_policy passes it to clairvoyant policies)")
+        ref = inp.reference
+        base = super().step(inp, history)
+        vl = base.verify_len.numpy().astype(np.int64)
+        bs, g = inp.model_tokens.shape
+        width = max(g, self.cfg.max_draft)
+        chain = np.zeros((bs, width), dtype=np.int64)
+        chain[:, :g] = inp.model_tokens.numpy()
+        length = vl.copy()
+        got = accepted(chain, ref, length)
+        ngram = np.zeros(bs, dtype=bool)
+        if self.mode in ("choice", "both"):
+            d = history.lookup(inp.slots, self.cfg)
+            ntok = np.zeros((bs, width), dtype=np.int64)
+            ntok[:, : self.cfg.max_draft] = d.tokens.numpy()
+            nlen = np.minimum(d.length.numpy().astype(np.int64), vl)
+            ngot = accepted(ntok, ref, nlen)
+            ngram = ngot > got
+            chain = np.where(ngram[:, None], ntok, chain)
+            length = np.where(ngram, nlen, length)
+            got = np.where(ngram, ngot, got)
+        if self.mode in ("lengths", "both"):
+            length = np.minimum(got, length)
+        lens = torch.from_numpy(length)
+        return StepOutput(torch.from_numpy(chain.astype(np.int32)), lens, bs + int(length.sum()),
+                          torch.from_numpy(ngram))
