@@ -81,3 +81,15 @@ def test_cli_runs_dspark_beside_the_oracle(capsys, code, tmp_path):
     assert list(out["policies"]) == ["hybrid", "dspark", "oracle"] and "oracle_over_dspark" in out["ratios"]
     with pytest.raises(SystemExit):
         simulate_cli.main(["--workload", str(wl), "--oracle", "magic"])
+
+
+def test_choice_oracle_also_weighs_the_corpus_chain():
+    """With corpus='shared' the bound includes the cross-request corpus's chain, fed as the hybrid feeds it: a
+    request repeated after itself is drafted from the corpus, so the bound accepts more than without it."""
+    rec = read_workload(DATA / "chat.jsonl")[0]
+    recs = [rec, dataclasses.replace(rec, id=rec.id + "-again")]
+    opts = SimOptions(batch_size=1, policies=("dspark", "oracle"), oracle="choice", measure="all")
+    off = simulate(recs, opts)["policies"]["oracle"]
+    on = simulate(recs, dataclasses.replace(opts, corpus="shared"))["policies"]["oracle"]
+    assert on["accepted_per_step"] > off["accepted_per_step"]
+    assert on["ngram_chosen_frac"] > off["ngram_chosen_frac"]

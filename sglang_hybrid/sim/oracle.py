@@ -6,9 +6,10 @@ Both bounds start from DSpark's own step (``DSparkPolicy``: SGLang's budget on l
 verify lengths) and change one thing:
 
 * ``choice``: each request keeps DSpark's verify length, and takes whichever chain the reference accepts
-  furthest within it: the model chain, or the n-gram chain from the request's own history
-  (``TokenHistory.lookup``, the hybrid's configuration). The verify batch can only shrink (an n-gram chain
-  shorter than the length verifies only its own tokens). This bounds what choosing between the two chains
+  furthest within it: the model chain, the n-gram chain from the request's own history
+  (``TokenHistory.lookup``, the hybrid's configuration) or, with ``corpus="shared"``, the cross-request
+  corpus's chain (``NgramCorpus``, built and fed as the hybrid's). The verify batch can only shrink (an n-gram
+  chain shorter than the length verifies only its own tokens). This bounds what choosing among the chains
   adds at DSpark's lengths.
 * ``lengths``: the model chain, verified only as far as the reference accepts it (capped by DSpark's length):
   a perfect confidence. This bounds what better lengths add with the model chain alone.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..calibration.candidates import make_step_corpus
 from ..ngram import NgramConfig, TokenHistory
 from ..selection.sps import SpsTable
 from .policies import DSparkPolicy, StepInput, StepOutput
@@ -46,13 +48,24 @@ class OraclePolicy(DSparkPolicy):
     clairvoyant = True
 
     def __init__(self, gamma: int, sps: SpsTable, mode: str, *, lag: int = 2, n_min: int = 2, n_max: int = 8,
-                 max_draft: int = 16, window: int = 0) -> None:
+                 max_draft: int = 16, window: int = 0, corpus: str = "off", corpus_entries: int = 1 << 21,
+                 max_bs: int = 1) -> None:
         if mode not in ORACLE_MODES:
             raise ValueError(f"oracle mode: choose from {ORACLE_MODES}, got {mode!r}")
         super().__init__(gamma, sps, lag=lag)
         self.mode = mode
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
+        # The corpus as the hybrid builds it (make_step_corpus; its candidate pricing is not needed here).
+        self.corpus = make_step_corpus(corpus, corpus_entries, num_slots=max_bs, max_bs=max_bs, width=max_draft,
+                                       device="cpu", backend="torch")[0] if mode != "lengths" else None
+        self._history: TokenHistory | None = None
+
+    def record(self, inp: StepInput, out: StepOutput, committed: torch.Tensor, counts: torch.Tensor) -> None:
+        """After verify and the history append: the corpus learns every request's committed tokens (as the
+        hybrid's does)."""
+        if self.corpus is not None:
+            self.corpus.insert(self._history, inp.slots, counts)
 
     def step(self, inp: StepInput, history: TokenHistory) -> StepOutput:
         if inp.reference is None:
@@ -68,15 +81,20 @@ class OraclePolicy(DSparkPolicy):
         got = accepted(chain, ref, length)
         ngram = np.zeros(bs, dtype=bool)
         if self.mode in ("choice", "both"):
-            d = history.lookup(inp.slots, self.cfg)
-            ntok = np.zeros((bs, width), dtype=np.int64)
-            ntok[:, : self.cfg.max_draft] = d.tokens.numpy()
-            nlen = np.minimum(d.length.numpy().astype(np.int64), vl)
-            ngot = accepted(ntok, ref, nlen)
-            ngram = ngot > got
-            chain = np.where(ngram[:, None], ntok, chain)
-            length = np.where(ngram, nlen, length)
-            got = np.where(ngram, ngot, got)
+            self._history = history
+            drafts = [history.lookup(inp.slots, self.cfg)]
+            if self.corpus is not None:
+                drafts.append(self.corpus.lookup(history, inp.slots))
+            for d in drafts:
+                ntok = np.zeros((bs, width), dtype=np.int64)
+                ntok[:, : d.tokens.shape[1]] = d.tokens.numpy()
+                nlen = np.minimum(d.length.numpy().astype(np.int64), vl)
+                ngot = accepted(ntok, ref, nlen)
+                take = ngot > got
+                chain = np.where(take[:, None], ntok, chain)
+                length = np.where(take, nlen, length)
+                got = np.where(take, ngot, got)
+                ngram |= take
         if self.mode in ("lengths", "both"):
             length = np.minimum(got, length)
         lens = torch.from_numpy(length)

@@ -213,7 +213,8 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
         from .oracle import OraclePolicy
 
         return OraclePolicy(opts.gamma, sps, opts.oracle, lag=opts.dspark_lag, n_min=opts.n_min, n_max=opts.n_max,
-                            max_draft=opts.hybrid_max_draft, window=opts.window)
+                            max_draft=opts.hybrid_max_draft, window=opts.window, corpus=opts.corpus,
+                            corpus_entries=opts.corpus_entries, max_bs=opts.batch_size)
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 
 
