@@ -8,8 +8,8 @@ by confidence (the estimated survival must stay above ``tau``), not by a fixed K
 
 Memory: ``entries * 16`` bytes on the device (tag, token, count, claim scratch: int32 each); the default
 ``2**21`` entries is 32 MiB. The insert's update keys add ``8 * max_batch_size * insert_chunk * (n_max + 1)``
-bytes (2.25 MiB at batch 128 with the defaults). The table never grows; when full, a contested entry's count halves on every
-contesting insert and the entry is replaced when it reaches zero.
+bytes (288 KiB at batch 128 with the defaults). The table never grows; when full, a contested entry's count
+halves on every contesting insert and the entry is replaced when it reaches zero.
 
 API for the decode step (all device work on preallocated buffers, no host synchronisation, fixed shapes,
 CUDA-graph capturable; ``slots`` index the ``TokenHistory`` the corpus reads its contexts from)::
