@@ -28,17 +28,11 @@ from ..calibration.candidates import make_step_corpus
 from ..ngram import NgramConfig, TokenHistory
 from ..selection.sps import SpsTable
 from .policies import DSparkPolicy, StepInput, StepOutput
+from .simulator import accepted_len
 
 __all__ = ["ORACLE_MODES", "OraclePolicy"]
 
 ORACLE_MODES = ("choice", "lengths", "both")
-
-
-def accepted(chain: np.ndarray, ref: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Tokens of ``chain [bs, C]`` the reference ``ref [bs, >= C]`` accepts within ``length [bs]``."""
-    c = chain.shape[1]
-    m = (chain == ref[:, :c]) & (np.arange(c)[None, :] < length[:, None])
-    return np.where(m.all(axis=1), c, np.argmin(m, axis=1))
 
 
 class OraclePolicy(DSparkPolicy):
@@ -78,7 +72,7 @@ class OraclePolicy(DSparkPolicy):
         chain = np.zeros((bs, width), dtype=np.int64)
         chain[:, :g] = inp.model_tokens.numpy()
         length = vl.copy()
-        got = accepted(chain, ref, length)
+        got = accepted_len(chain, ref, length)
         ngram = np.zeros(bs, dtype=bool)
         if self.mode in ("choice", "both"):
             self._history = history
@@ -89,7 +83,7 @@ class OraclePolicy(DSparkPolicy):
                 ntok = np.zeros((bs, width), dtype=np.int64)
                 ntok[:, : d.tokens.shape[1]] = d.tokens.numpy()
                 nlen = np.minimum(d.length.numpy().astype(np.int64), vl)
-                ngot = accepted(ntok, ref, nlen)
+                ngot = accepted_len(ntok, ref, nlen)
                 take = ngot > got
                 chain = np.where(take[:, None], ntok, chain)
                 length = np.where(take, nlen, length)

@@ -105,6 +105,14 @@ class Request:
     accept_len: np.ndarray  # [len(output)] int64 model-chain acceptance length at each start position
 
 
+def accepted_len(chain: np.ndarray, ref: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Per row, the leading tokens of ``chain [bs, C]`` that equal the reference ``ref [bs, >= C]``, counting only
+    the first ``length [bs]`` (the verified ones)."""
+    c = chain.shape[1]
+    m = (chain == ref[:, :c]) & (np.arange(c)[None, :] < length[:, None])
+    return np.where(m.all(axis=1), c, np.argmin(m, axis=1))
+
+
 def run_policy(
     policy,
     requests: Sequence[Request],
@@ -199,14 +207,10 @@ def run_policy(
         c = chain.shape[1]
         if c + 1 > look:
             raise ValueError(f"policy chain width {c} exceeds the simulator lookahead {look - 1}")
-        match = (chain == ref[:, :c]) & (np.arange(c)[None, :] < vl[:, None])
-        accepted = np.where(match.all(axis=1), c, np.argmin(match, axis=1))
+        accepted = accepted_len(chain, ref, vl)
         if out.second_len is not None:  # two-branch verify: the longer accepted branch is kept
             vl2 = out.second_len.numpy().astype(np.int64)
-            ch2 = out.second_tokens.numpy().astype(np.int64)
-            c2 = ch2.shape[1]
-            m2 = (ch2 == ref[:, :c2]) & (np.arange(c2)[None, :] < vl2[:, None])
-            accepted = np.maximum(accepted, np.where(m2.all(axis=1), c2, np.argmin(m2, axis=1)))
+            accepted = np.maximum(accepted, accepted_len(out.second_tokens.numpy().astype(np.int64), ref, vl2))
             vl = vl + vl2
         remaining = out_len[ri] - pos
         produced = np.minimum(accepted + 1, remaining)
@@ -228,9 +232,8 @@ def run_policy(
             nl = out.ngram_len.numpy().astype(np.int64)
             nt = out.ngram_tokens.numpy().astype(np.int64)
             L = nt.shape[1]
-            nm = (nt == ref[:, :L]) & (np.arange(L)[None, :] < nl[:, None])
             res.ngram_drafts += int((nl > 0).sum())
-            res.ngram_obs += int(np.where(nm.all(axis=1), L, np.argmin(nm, axis=1)).sum())
+            res.ngram_obs += int(accepted_len(nt, ref, nl).sum())
             res.ngram_pred += float((out.ngram_surv.numpy() * (np.arange(L)[None, :] < nl[:, None])).sum())
         if record_hist:
             res.accepted_hist.extend(int(x) for x in produced)
