@@ -7,8 +7,8 @@ to next tokens with counts, for every order ``1 <= n <= n_max``, with bounded, d
 by confidence (the estimated survival must stay above ``tau``), not by a fixed K.
 
 Memory: ``entries * 16`` bytes on the device (tag, token, count, claim scratch: int32 each); the default
-``2**21`` entries is 32 MiB. The insert's update keys add ``8 * max_batch_size * insert_chunk * (n_max + 1)``
-bytes (288 KiB at batch 128 with the defaults). The table never grows; when full, a contested entry's count
+``2**21`` entries is 32 MiB. With the Triton backend the insert's update keys add
+``8 * max_batch_size * insert_chunk * (n_max + 1)`` bytes (288 KiB at batch 128 with the defaults). The table never grows; when full, a contested entry's count
 halves on every contesting insert and the entry is replaced when it reaches zero.
 
 API for the decode step (all device work on preallocated buffers, no host synchronisation, fixed shapes,
@@ -179,10 +179,10 @@ class NgramCorpus:
             q=torch.zeros((max_batch_size, max_draft), dtype=torch.int32, device=device),
         )
         self._insert, self._lookup = _ops(backend)
-        # The insert's update keys between its launches (Triton); sized for the largest call (decode and prompt
-        # chunks both pass max_pos = insert_chunk).
+        # The insert's update keys between its Triton launches (the torch reference needs none); sized for the
+        # largest call (decode and prompt chunks both pass max_pos = insert_chunk).
         self._scratch = torch.zeros(max_batch_size * cfg.insert_chunk * (cfg.n_max + 1), dtype=torch.int64,
-                                    device=device)
+                                    device=device) if backend == "triton" else None
 
     # ------------------------------------------------------------------ checks (host only)
 
