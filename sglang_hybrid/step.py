@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from .calibration import CalibrationTable
+from .calibration.agreement import ModelAgreement
 from .calibration.apply import DeviceCalibration
 from .calibration.candidates import make_step_corpus
 from .calibration.online import OnlineCalibration
@@ -114,6 +115,9 @@ class HybridStep:
         self.corpus, self.corpus_cand = make_step_corpus(
             cfg.corpus, cfg.corpus_entries, num_slots=num_slots, max_bs=max_bs, width=L, device=self.device,
             backend=kernel_backend, online=cfg.online_calibration, strength=cfg.online_strength)
+        # Both model-free candidates re-priced beside the model chain (calibration/agreement.py).
+        self.agreement = ModelAgreement(max_bs, L, gamma, self.device) \
+            if cfg.model_agreement and cfg.enable_model and cfg.enable_ngram else None
         self.slot_tenant = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
         self._tenant = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         self.q = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
@@ -217,12 +221,17 @@ class HybridStep:
                 start = self._hist_start[:bs]
                 torch.index_select(self.history.lens, 0, slots, out=start)  # where draft token 0 will land
                 self.online.apply(slots, draft.tokens, draft.length, q, ngram_surv, start=start)
+            if self.agreement is not None:  # the model's conditional confidences (or its online estimate)
+                mcond = model_confidence if model_confidence is not None else self.model_cond.expand(bs, -1)
+                self.agreement.apply(draft.tokens, draft.length, q, ngram_surv, model_tokens, mcond)
             ngram_tokens, ngram_len = draft.tokens, draft.length
             if self.corpus is not None:
                 ten = self._tenant[:bs]
                 torch.index_select(self.slot_tenant, 0, slots, out=ten)
                 cdraft = self.corpus.lookup(self.history, slots, ten)
-                _, csurv = self.corpus_cand.price(slots, cdraft)
+                cq, csurv = self.corpus_cand.price(slots, cdraft)
+                if self.agreement is not None:
+                    self.agreement.apply(cdraft.tokens, cdraft.length, cq, csurv, model_tokens, mcond)
                 ngram_tokens, ngram_len = self.corpus_cand.choose(draft.tokens, ngram_surv, draft.length, cdraft,
                                                                   csurv, limit=w)
             model_surv = self.model_surv[:bs]

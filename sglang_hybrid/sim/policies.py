@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ..calibration.agreement import ModelAgreement
 from ..calibration.candidates import make_step_corpus
 from ..calibration.deferred import DEFAULT_DEPTH
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
@@ -152,7 +153,7 @@ class HybridPolicy:
                  max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None,
                  online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
                  online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None, two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
-                 model_tail: int = 0) -> None:
+                 model_tail: int = 0, model_agreement: bool = True) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -187,6 +188,9 @@ class HybridPolicy:
         self.tail = make_step_tail(model_tail if enable_ngram else 0, width=width, gamma=gamma, n_min=n_min,
                                    n_max=n_max, window=window, num_slots=max_bs, max_bs=max_bs, device="cpu",
                                    online=online_calibration, strength=online_strength)
+        # Both model-free candidates re-priced beside the model chain (calibration/agreement.py), as HybridStep.
+        self.agreement = ModelAgreement(max_bs, max_draft, gamma, "cpu") if model_agreement and enable_ngram \
+            else None
         self._history: Optional[TokenHistory] = None
 
     def on_prefill(self, slots: torch.Tensor) -> None:
@@ -209,6 +213,13 @@ class HybridPolicy:
             self.corpus.insert(self._history, inp.slots, counts)
             self.corpus_cand.update(inp.slots, committed, counts)
 
+    def _reprice(self, inp: StepInput, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
+                 surv: torch.Tensor) -> None:
+        """The last word on a model-free candidate's ``(q, surv)`` before the choice: beside the model chain
+        (calibration/agreement.py). ``oracle.EstimateOracle`` overrides it."""
+        if self.agreement is not None:
+            self.agreement.apply(tokens, length, q, surv, inp.model_tokens, inp.conf)
+
     def step(self, inp: StepInput, history: TokenHistory) -> StepOutput:
         bs = inp.slots.shape[0]
         d = history.lookup(inp.slots, self.cfg)
@@ -219,10 +230,12 @@ class HybridPolicy:
             self.sps2d.fill(inp.context_tokens, self.sps)
         if self.online is not None:
             self.online.apply(inp.slots, d.tokens, d.length, q, surv, start=history.lens[inp.slots])
+        self._reprice(inp, d.tokens, d.length, q, surv)
         ntok, nlen = d.tokens, d.length
         if self.corpus is not None:  # the better of the own-history and corpus candidates (HybridStep.propose)
             cd = self.corpus.lookup(history, inp.slots)
-            _, csurv = self.corpus_cand.price(inp.slots, cd)
+            cq, csurv = self.corpus_cand.price(inp.slots, cd)
+            self._reprice(inp, cd.tokens, cd.length, cq, csurv)
             ntok, nlen = self.corpus_cand.choose(d.tokens, surv, d.length, cd, csurv)
         nlen = nlen if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)

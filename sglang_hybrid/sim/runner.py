@@ -53,6 +53,7 @@ class SimOptions:
     online_bins: int = HybridConfig.online_bins  # the recalibration's second stage, by the estimate's value
     corpus: str = HybridConfig.corpus  # hybrid: the cross-request corpus, "off" or "shared" (one tenant here)
     corpus_entries: int = HybridConfig.corpus_entries
+    model_agreement: bool = HybridConfig.model_agreement  # hybrid: n-gram tokens re-priced beside the model chain
     two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
     model_tail: int = HybridConfig.model_tail  # hybrid: n-gram tail after the model chain (calibration/tail.py),
     # at most this many tokens, capped by the chain width minus gamma; 0 = off
@@ -192,7 +193,7 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
         return DSparkPolicy(opts.gamma, sps, lag=opts.dspark_lag)
     if name == "ngram":
         return NgramPolicy(opts.ngram_width, opts.n_min, opts.n_max, opts.window)
-    if name == "hybrid":
+    if name == "hybrid" or (name == ORACLE and opts.oracle == "estimate"):
         L = opts.hybrid_max_draft
         if opts.sps2d == "off" or (opts.sps2d == "auto" and opts.cost != "roofline-2d"):
             sps2d = None
@@ -200,15 +201,18 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
             sps2d = roofline_sps2d_table()
         else:
             sps2d = load_sps2d_table(opts.sps2d)
-        return HybridPolicy(opts.gamma, opts.batch_size, sps, calibration if calibration is not None else
-                            load_calibration(opts.calibration), n_min=opts.n_min, n_max=opts.n_max, max_draft=L,
-                            window=opts.window, num_iters=opts.num_iters, enable_ngram=opts.enable_ngram,
-                            max_verify_len=opts.gamma if L <= opts.gamma else 0,
-                            fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None,
-                            online_calibration=opts.online_calibration, online_strength=opts.online_strength,
-                            online_defer=opts.online_defer, online_bins=opts.online_bins, sps2d=sps2d,
-                            two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries,
-                            model_tail=opts.model_tail)
+        cls = HybridPolicy
+        if name == ORACLE:
+            from .oracle import EstimateOracle as cls
+        return cls(opts.gamma, opts.batch_size, sps, calibration if calibration is not None else
+                   load_calibration(opts.calibration), n_min=opts.n_min, n_max=opts.n_max, max_draft=L,
+                   window=opts.window, num_iters=opts.num_iters, enable_ngram=opts.enable_ngram,
+                   max_verify_len=opts.gamma if L <= opts.gamma else 0,
+                   fixed_window=max(opts.gamma, L) if opts.hybrid_verify == "fixed" else None,
+                   online_calibration=opts.online_calibration, online_strength=opts.online_strength,
+                   online_defer=opts.online_defer, online_bins=opts.online_bins, sps2d=sps2d,
+                   two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries,
+                   model_tail=opts.model_tail, model_agreement=opts.model_agreement)
     if name == ORACLE and opts.oracle:
         from .oracle import OraclePolicy
 

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=POLICIES + ("all",), default="all")
     p.add_argument("--oracle", choices=ORACLE_MODES, default=None,
                    help="also run a clairvoyant bound over DSpark (sim/oracle.py: 'choice' = the better chain at "
-                   "DSpark's lengths, 'lengths' = the model chain verified only as far as it is accepted, 'both'); "
+                   "DSpark's lengths, 'lengths' = the model chain verified only as far as it is accepted, 'both'; "
+                   "'estimate' = the hybrid with its n-gram candidates priced by their true outcome); "
                    "a yardstick that reads the reference output, not a policy")
     p.add_argument("--sps-table", default=None, help="SPS table JSON (SGLang DSpark SpsCostTable format); "
                    "default: the shipped roofline table (8B bf16 on one H200)")
@@ -81,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--model-tail", type=int, default=HybridConfig.model_tail,
                    help="hybrid: n-gram tail drafted after the model chain, at most this many tokens (capped by the "
                         "chain width minus gamma); 0 = off")
+    n.add_argument("--no-model-agreement", dest="model_agreement", action="store_false",
+                   help="hybrid: price the n-gram tokens without the model chain beside them (calibration/"
+                        "agreement.py; default on, as the plugin's model_agreement)")
     n.add_argument("--corpus", choices=("off", "shared"), default=HybridConfig.corpus,
                    help="hybrid: the cross-request n-gram corpus (every request's committed tokens, shared)")
     n.add_argument("--corpus-entries", type=int, default=HybridConfig.corpus_entries,
@@ -134,7 +138,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         concentration=args.concentration, decay=args.decay, trace=args.trace, n_min=args.n_min, n_max=args.n_max,
         max_draft=args.max_draft, num_iters=args.num_iters, enable_ngram=not args.no_ngram,
         hybrid_verify=args.hybrid_verify, two_branch=args.two_branch, corpus=args.corpus,
-        corpus_entries=args.corpus_entries, model_tail=args.model_tail,
+        corpus_entries=args.corpus_entries, model_tail=args.model_tail, model_agreement=args.model_agreement,
         online_calibration=HybridConfig.online_calibration if args.online_calibration is None
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,
