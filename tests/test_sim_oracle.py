@@ -93,3 +93,15 @@ def test_choice_oracle_also_weighs_the_corpus_chain():
     on = simulate(recs, dataclasses.replace(opts, corpus="shared"))["policies"]["oracle"]
     assert on["accepted_per_step"] > off["accepted_per_step"]
     assert on["ngram_chosen_frac"] > off["ngram_chosen_frac"]
+
+
+def test_estimate_oracle_is_the_hybrid_with_its_ngram_candidates_priced_by_their_outcome(code):
+    """'estimate' runs the hybrid's own step and prices every model-free candidate by what the reference accepts:
+    its predicted accepted tokens per draft then equal the observed, and it beats the hybrid's estimate."""
+    opts = SimOptions(batch_size=2, policies=("hybrid", "oracle"), oracle="estimate", measure="all", corpus="shared")
+    r = simulate(code, opts)
+    h, o = r["policies"]["hybrid"], r["policies"]["oracle"]
+    cal = o["ngram_calibration"]
+    assert cal["predicted_accepted_per_draft"] == cal["actual_accepted_per_draft"]
+    assert h["ngram_calibration"]["predicted_accepted_per_draft"] != h["ngram_calibration"]["actual_accepted_per_draft"]
+    assert o["throughput"] > h["throughput"]

@@ -14,6 +14,10 @@ verify lengths) and change one thing:
 * ``lengths``: the model chain, verified only as far as the reference accepts it (capped by DSpark's length):
   a perfect confidence. This bounds what better lengths add with the model chain alone.
 * ``both``: the two together (the chosen chain, verified as far as it is accepted).
+* ``estimate``: not DSpark's step but the hybrid's (``HybridPolicy``, the same options), with one thing known:
+  every model-free candidate (the own-history n-gram, the corpus) is priced by its true outcome, survival 1 up
+  to the tokens the reference accepts and 0 after. The model chain keeps its confidences. This bounds what a
+  better estimate of the n-gram chains could add, with everything else the hybrid's.
 
 ``run_policy`` passes the reference continuation to a policy whose ``clairvoyant`` is True
 (``StepInput.reference``).
@@ -27,12 +31,12 @@ import torch
 from ..calibration.candidates import make_step_corpus
 from ..ngram import NgramConfig, TokenHistory
 from ..selection.sps import SpsTable
-from .policies import DSparkPolicy, StepInput, StepOutput
+from .policies import DSparkPolicy, HybridPolicy, StepInput, StepOutput
 from .simulator import accepted_len
 
-__all__ = ["ORACLE_MODES", "OraclePolicy"]
+__all__ = ["ORACLE_MODES", "EstimateOracle", "OraclePolicy"]
 
-ORACLE_MODES = ("choice", "lengths", "both")
+ORACLE_MODES = ("choice", "lengths", "both", "estimate")
 
 
 class OraclePolicy(DSparkPolicy):
@@ -44,8 +48,9 @@ class OraclePolicy(DSparkPolicy):
     def __init__(self, gamma: int, sps: SpsTable, mode: str, *, lag: int = 2, n_min: int = 2, n_max: int = 8,
                  max_draft: int = 16, window: int = 0, corpus: str = "off", corpus_entries: int = 1 << 21,
                  max_bs: int = 1) -> None:
-        if mode not in ORACLE_MODES:
-            raise ValueError(f"oracle mode: choose from {ORACLE_MODES}, got {mode!r}")
+        if mode not in ORACLE_MODES[:3]:
+            raise ValueError(f"oracle mode of OraclePolicy: choose from {ORACLE_MODES[:3]} ('estimate' is "
+                             f"EstimateOracle), got {mode!r}")
         super().__init__(gamma, sps, lag=lag)
         self.mode = mode
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
@@ -94,3 +99,20 @@ class OraclePolicy(DSparkPolicy):
         lens = torch.from_numpy(length)
         return StepOutput(torch.from_numpy(chain.astype(np.int32)), lens, bs + int(length.sum()),
                           torch.from_numpy(ngram))
+
+
+class EstimateOracle(HybridPolicy):
+    """The hybrid's step with every model-free candidate priced by its true outcome (``estimate`` above)."""
+
+    name = "oracle"
+    clairvoyant = True
+
+    def _reprice(self, inp: StepInput, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
+                 surv: torch.Tensor) -> None:
+        if inp.reference is None:
+            raise ValueError("EstimateOracle needs StepInput.reference (run_policy passes it to clairvoyant policies)")
+        L = q.shape[1]
+        got = accepted_len(tokens.numpy().astype(np.int64), inp.reference, length.numpy().astype(np.int64))
+        known = torch.from_numpy((np.arange(L)[None, :] < got[:, None]).astype(np.float32))
+        q.copy_(known)
+        surv.copy_(known)
