@@ -116,7 +116,7 @@ class HybridStep:
             cfg.corpus, cfg.corpus_entries, num_slots=num_slots, max_bs=max_bs, width=L, device=self.device,
             backend=kernel_backend, online=cfg.online_calibration, strength=cfg.online_strength)
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py).
-        self.agreement = ModelAgreement(max_bs, L, gamma, self.device) \
+        self.agreement = ModelAgreement(max_bs, L, gamma, self.device, strength=cfg.online_strength) \
             if cfg.model_agreement and cfg.enable_model and cfg.enable_ngram else None
         self.slot_tenant = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
         self._tenant = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
@@ -245,6 +245,8 @@ class HybridStep:
                 model_surv.zero_()
             if not self.cfg.enable_ngram:
                 ngram_len = self._no_ngram[:bs]
+            if self.agreement is not None:  # the tokens both chains share: one price, learnt from the traffic
+                self.agreement.share(ngram_tokens, ngram_len, ngram_surv, model_tokens, mcond, model_surv)
             self._ngram_len[:bs].copy_(ngram_len)
             mt = self.model_tokens[:bs]
             mt.copy_(model_tokens)
@@ -329,6 +331,8 @@ class HybridStep:
                 self.online.update_from_history(slots, self.history.tokens, self.history.lens)
             elif self.online is not None:
                 self.online.update(slots, committed, accept_lens)
+            if self.agreement is not None:
+                self.agreement.update(committed, accept_lens)
             vlen = proposal.verify_len if verified_len is None else verified_len
             if self.tail is not None:
                 self.tail.update(slots, committed, accept_lens, proposal.choice, vlen)

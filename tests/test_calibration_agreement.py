@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hybrid.calibration.agreement import ModelAgreement, agreement_ref
+from sglang_hybrid.calibration.agreement import ModelAgreement, agreement_ref, share_ref, update_ref
 from sglang_hybrid.config import HybridConfig
 from sglang_hybrid.step import HybridStep
 
@@ -150,3 +150,80 @@ def test_an_agreeing_ngram_chain_carries_the_models_confidence_on_the_shared_tok
     assert float(q[0]) > float(off.q[0, 0])
     assert float(q[2]) < float(off.q[0, 2])  # parts at token 2 from a coin-flip model token: lowered
     assert float(q[3]) == float(off.q[0, 3])  # after the parting: unchanged
+
+
+@pytest.mark.parametrize("L,G,M", [(1, 1, 1), (4, 7, 7), (7, 7, 7), (16, 7, 16), (3, 5, 5)])
+def test_share_and_update_equal_their_definitions(L, G, M):
+    """``share`` on random chains (a 2-token vocabulary: long shared prefixes and partings everywhere), with a
+    record that has evidence either way; then ``update`` against random commits. ``share`` exactly, the record to
+    float32 rounding."""
+    gen = torch.Generator().manual_seed(100 * L + 10 * G + M)
+    for trial in range(40):
+        bs = int(torch.randint(1, 9, (), generator=gen))
+        tok, length, q, mt, mc = _case(gen, bs, L, G, vocab=2)
+        surv = torch.cumprod(q, 1)
+        msurv = torch.cumprod(torch.rand(bs, M, generator=gen), 1)
+        m = ModelAgreement(8, L, G, "cpu", decay=0.99)
+        m.record.copy_(torch.rand(2, generator=gen) * 5)
+        r = m.ratio().clone()
+        rs, rms, rp, shared = share_ref(tok, length, surv, mt, mc, msurv, r, G)
+        s2, ms2 = surv.clone(), msurv.clone()
+        m.share(tok, length, s2, mt, mc, ms2)
+        assert torch.equal(s2, rs) and torch.equal(ms2, rms), trial
+        assert torch.equal(m._p[:bs], rp)
+        K = int(torch.randint(1, G + 3, (), generator=gen))
+        committed = torch.randint(0, 2, (bs, K), dtype=torch.int32, generator=gen)
+        counts = torch.randint(1, K + 1, (bs,), dtype=torch.int32, generator=gen)
+        want = update_ref(m.record, rp, shared, mt, committed, counts, 0.99)
+        m.update(committed, counts)
+        assert torch.allclose(m.record.double(), want, rtol=1e-5, atol=1e-5), (trial, m.record, want)
+
+
+def test_share_learns_what_agreement_is_worth_and_prices_both_chains_alike():
+    """A traffic where every shared token is accepted: the record's odds ratio grows, the shared tokens' price
+    rises towards 1 on both chains, and the columns after them keep their conditionals. A traffic where they all
+    fail pulls it down."""
+    L, G = 6, 4
+    tok = torch.tensor([[5, 6, 7, 8, 9, 10]], dtype=torch.int32)
+    mt = torch.tensor([[5, 6, 1, 2]], dtype=torch.int32)  # shares 2 tokens, parts at token 2
+    length = torch.tensor([6], dtype=torch.int32)
+    mc = torch.tensor([[0.6, 0.5, 0.9, 0.9]])
+    q = torch.tensor([[0.4, 0.7, 0.5, 0.5, 0.5, 0.5]])
+
+    def priced(m):
+        s, ms = torch.cumprod(q, 1), torch.cumprod(mc, 1)
+        m.share(tok, length, s, mt, mc, ms)
+        return s, ms
+
+    for committed, direction in ((torch.tensor([[5, 6, 3]], dtype=torch.int32), 1),
+                                 (torch.tensor([[4, 0, 0]], dtype=torch.int32), -1)):
+        m = ModelAgreement(1, L, G, "cpu")
+        s0, ms0 = priced(m)
+        assert float(s0[0, 0]) == pytest.approx(0.6) and float(ms0[0, 1]) == pytest.approx(0.6 * 0.7)  # max(q, c)
+        for _ in range(200):
+            priced(m)
+            m.update(committed, torch.tensor([3], dtype=torch.int32))
+        s, ms = priced(m)
+        cond = s[0] / torch.cat([torch.ones(1), s[0, :-1]])
+        mcond = ms[0] / torch.cat([torch.ones(1), ms[0, :-1]])
+        assert torch.allclose(cond[:2], mcond[:2])  # one price per shared token, on both chains
+        assert torch.allclose(cond[2:], q[0, 2:]) and torch.allclose(mcond[2:], mc[0, 2:])
+        if direction > 0:
+            assert float(cond[0]) > 0.95 and float(cond[1]) > 0.95
+        else:
+            assert float(cond[0]) < 0.2
+
+
+def test_the_step_scores_the_shared_tokens_after_verify():
+    """HybridStep: propose shares the agreeing prefix, record scores it (only it) against the commit."""
+    slots = torch.tensor([1])
+    model = torch.tensor([[14, 15, 92, 93]], dtype=torch.int32)  # shares 14 15 with the draft 14 15 16 17
+    step = _step(model_tail=0)
+    assert torch.equal(step.agreement.record, torch.zeros(2))
+    prop = step.propose(slots, model, torch.tensor([[0.5, 0.5, 0.5, 0.5]]))
+    step.record(slots, prop, torch.tensor([[14, 15, 16, 0, 0]], dtype=torch.int32),
+                torch.tensor([3], dtype=torch.int32))
+    e, o = step.agreement.record.tolist()
+    assert e == 0.0 and o > 0.0  # both shared tokens accepted: evidence that agreement is worth more
+    p = step.agreement._p[0].tolist()
+    assert p[2:] == [0.0, 0.0] and o == pytest.approx((1 - p[0]) + (1 - p[1]), rel=1e-5)

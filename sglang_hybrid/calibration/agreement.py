@@ -15,15 +15,28 @@ confidence ``c_j``, and the two chains say something about each other:
 * **After that** the chains are on different paths, and the model's confidences say nothing about the n-gram's
   tokens: ``q'_j = q_j``. Past the model chain (``j >= gamma``) the same.
 
-The survivals are then ``prod_{i<=j} q'_i``. Measured on the simulator's chat workload (all 240 requests,
+The survivals are then ``prod_{i<=j} q'_i``. ``apply`` does this for each model-free candidate (own history,
+corpus) before the choice between them.
+
+**The shared tokens** (``share``, after the choice; ``update``, after verify). The leading tokens the chosen
+n-gram chain shares with the model chain are the same tokens on both chains, so they get one price on both:
+``p' = p R / (1 + p (R - 1))`` (the odds of ``p = max(q, c)`` times ``R``), where ``R = (O + s) / (E + s)`` is
+what agreement has been worth on this traffic: ``E`` sums ``p (1 - y)`` and ``O`` sums ``(1 - p) y`` over the
+shared tokens the target tried (``y`` = 1 if accepted), decayed per request-step as the online calibration's
+traffic level (``online.py``), ``s`` its prior strength. Where two drafters' errors are independent (the
+simulator: a wrong model token never equals an n-gram token) ``R`` grows and shared tokens approach 1; where
+they copy the same mistakes it stays near 1 and nothing is claimed beyond ``max(q, c)``. Raised on the n-gram
+chain alone the shared tokens would tilt the choice towards it for tokens the model chain carries too; the
+model chain's survival is rewritten the same way (the selection reads it; DSpark's planner keeps the drafter's
+own confidences for model rows). Measured on the simulator's chat workload (all 240 requests,
 batch 4): in the rows where the own-history draft's first token disagrees with the model's, the predicted
 ``q'_0`` and the observed rate agree bucket by bucket (0.022 / 0.018, 0.147 / 0.154, 0.374 / 0.388), where
 the table's ``q_0`` alone said about 0.48 for all of them. No constant is fitted: the rule reads only the two
 estimates it combines.
 
-Decode-step rules: ``apply`` writes only into buffers made at construction for the largest batch, never reads
-the device and never branches on device data. ``agreement_ref`` below is the plain definition the tests compare
-against.
+Decode-step rules: ``apply``, ``share`` and ``update`` write only into buffers made at construction for the
+largest batch, never read the device and never branch on device data. ``agreement_ref``, ``share_ref`` and
+``update_ref`` below are the plain definitions the tests compare against.
 """
 
 from __future__ import annotations
@@ -32,7 +45,9 @@ from types import SimpleNamespace
 
 import torch
 
-__all__ = ["ModelAgreement", "agreement_ref"]
+from .online import DEFAULT_GLOBAL_DECAY, DEFAULT_STRENGTH
+
+__all__ = ["ModelAgreement", "agreement_ref", "share_ref", "update_ref"]
 
 
 def agreement_ref(tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor, model_tokens: torch.Tensor,
@@ -55,12 +70,70 @@ def agreement_ref(tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor, m
     return out, torch.cumprod(out, 1)
 
 
+def share_ref(tokens: torch.Tensor, length: torch.Tensor, survival: torch.Tensor, model_tokens: torch.Tensor,
+              model_cond: torch.Tensor, model_survival: torch.Tensor, r: torch.Tensor, gamma: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Plain definition of ``ModelAgreement.share``, row by row in float32 scalars, with the odds ratio ``r``
+    (0-d): returns ``(survival', model_survival', p, shared)``: ``p [bs, g]`` the pre-lift estimate on the shared
+    tokens (0 elsewhere), ``shared[b]`` how many leading tokens row b shares, ``g = min(L, gamma)``."""
+    bs, L = survival.shape
+    g = min(L, gamma)
+    surv, msurv = survival.clone(), model_survival.clone()
+    p_out = torch.zeros(bs, g, dtype=torch.float32)
+    one = torch.ones((), dtype=torch.float32)
+    counts = []
+    for b in range(bs):
+        shared = 0
+        while shared < min(g, int(length[b])) and int(tokens[b, shared]) == int(model_tokens[b, shared]):
+            shared += 1
+        counts.append(shared)
+        qn, mc = [], []
+        for j in range(g):
+            prev = one if j == 0 else survival[b, j - 1].clamp(min=1e-12)
+            q = (survival[b, j] / prev).clamp(0.0, 1.0)
+            c = model_cond[b, j].to(torch.float32).clamp(0.0, 1.0)
+            if j < shared:
+                p = torch.maximum(q, c)
+                p_out[b, j] = p
+                lifted = p * r / (p * (r - one) + one)
+                q, c = lifted, lifted
+            qn.append(q)
+            mc.append(c)
+        for conds, old, out in ((qn, survival, surv), (mc, model_survival, msurv)):
+            out[b, :g] = torch.cumprod(torch.stack(conds), 0)  # torch's product order (CPU: a double accumulator)
+            if old.shape[1] > g:
+                out[b, g:] = old[b, g:] * (out[b, g - 1] / old[b, g - 1].clamp(min=1e-30))
+    return surv, msurv, p_out, counts
+
+
+def update_ref(record: torch.Tensor, p: torch.Tensor, shared: list[int], model_tokens: torch.Tensor,
+               committed: torch.Tensor, counts: torch.Tensor, decay: float) -> torch.Tensor:
+    """Plain definition of ``ModelAgreement.update`` (in float64): the record ``[E, O]`` after one step whose
+    first ``shared[b]`` tokens of row b were shared, with estimates ``p [bs, g]``, on the model chain
+    ``model_tokens [bs, >= g]``; scored against ``committed[b, :counts[b]]``."""
+    bs, g = p.shape
+    e = o = 0.0
+    for b in range(bs):
+        for j in range(min(shared[b], int(counts[b]), committed.shape[1])):
+            y = int(model_tokens[b, j]) == int(committed[b, j])
+            pj = float(p[b, j])
+            e += pj * (1 - y)
+            o += (1 - pj) * y
+            if not y:
+                break
+    rec = record.double() * decay ** bs
+    return rec + torch.tensor([e, o], dtype=torch.float64)
+
+
 class ModelAgreement:
     """Buffers for ``apply`` on up to ``max_bs`` n-gram chains of ``width`` tokens beside model chains of ``gamma``."""
 
-    def __init__(self, max_bs: int, width: int, gamma: int, device: torch.device | str) -> None:
+    def __init__(self, max_bs: int, width: int, gamma: int, device: torch.device | str, *,
+                 strength: float = DEFAULT_STRENGTH, decay: float = DEFAULT_GLOBAL_DECAY) -> None:
         if max_bs < 1 or width < 1 or gamma < 1:
             raise ValueError(f"ModelAgreement: max_bs, width and gamma must be >= 1, got {max_bs}, {width}, {gamma}")
+        if not strength > 0 or not 0.0 <= decay <= 1.0:
+            raise ValueError(f"ModelAgreement: strength must be > 0 and decay in [0, 1], got {strength}, {decay}")
         dev = torch.device(device)
         self.width, self.gamma = width, gamma
         g = min(width, gamma)
@@ -79,14 +152,34 @@ class ModelAgreement:
         self._den = torch.zeros(max_bs, g, **f32)
         self._col = torch.arange(g, dtype=torch.int32, device=dev).view(1, g)
         self._one = torch.ones((), **f32)
+        self._zero = torch.zeros((), **f32)
+        # The shared tokens (``share`` / ``update``): the traffic's record [E, O] of what agreement is worth, and
+        # this step's shared tokens, their estimate p and the model's tokens there, kept for ``update``.
+        self.record = torch.zeros(2, **f32)
+        self._s = torch.tensor(float(strength), **f32)
+        self._decay_by_bs = torch.tensor([float(decay) ** b for b in range(max_bs + 1)], **f32)
+        self._r = torch.zeros((), **f32)
+        self._rm1 = torch.zeros((), **f32)
+        self._es = torch.zeros((), **f32)
+        self._sum = torch.zeros(2, **f32)
+        self._shared = torch.zeros(max_bs, g, dtype=torch.bool, device=dev)
+        self._p = torch.zeros(max_bs, g, **f32)
+        self._tok = torch.zeros(max_bs, g, dtype=torch.int32, device=dev)
+        self._cmt = torch.zeros(max_bs, g, dtype=torch.int32, device=dev)
+        self._prev_s = torch.zeros(max_bs, g, **f32)
+        self._ratio = torch.zeros(max_bs, 1, **f32)
+        self._ev = torch.zeros(2, max_bs, g, **f32)  # E and O terms of one update
         self._views: dict[int, SimpleNamespace] = {}
 
     def _rows(self, bs: int) -> SimpleNamespace:
         v = self._views.get(bs)
         if v is None:
-            v = SimpleNamespace(eq=self._eq[:bs], eqi=self._eqi[:bs], pref=self._pref[:bs, 1:], prev=self._pref[:bs, :-1],
-                                first=self._first[:bs], agree=self._agree[:bs], inn=self._in[:bs], c=self._c[:bs],
-                                up=self._up[:bs], dis=self._dis[:bs], den=self._den[:bs])
+            v = SimpleNamespace(eq=self._eq[:bs], eqi=self._eqi[:bs], pref=self._pref[:bs, 1:],
+                                prev=self._pref[:bs, :-1], first=self._first[:bs], agree=self._agree[:bs],
+                                inn=self._in[:bs], c=self._c[:bs], up=self._up[:bs], dis=self._dis[:bs],
+                                den=self._den[:bs], shared=self._shared[:bs], p=self._p[:bs], tok=self._tok[:bs],
+                                cmt=self._cmt[:bs], prev_s=self._prev_s[:bs], ratio=self._ratio[:bs],
+                                ev=self._ev[:, :bs])
             self._views[bs] = v
         return v
 
@@ -126,3 +219,88 @@ class ModelAgreement:
         torch.where(v.agree, v.up, qg, out=qg)
         torch.where(v.first, v.dis, qg, out=qg)
         torch.cumprod(q, 1, out=survival)
+
+    # ---- the shared tokens: one price on both chains, learnt from the traffic ------------------------------
+    def ratio(self) -> torch.Tensor:
+        """``R = (O + s) / (E + s)`` into a 0-d buffer: the traffic's observed / predicted odds on shared tokens."""
+        torch.add(self.record[1], self._s, out=self._r)
+        torch.add(self.record[0], self._s, out=self._es)
+        return self._r.div_(self._es)
+
+    def share(self, tokens: torch.Tensor, length: torch.Tensor, survival: torch.Tensor, model_tokens: torch.Tensor,
+              model_cond: torch.Tensor, model_survival: torch.Tensor) -> None:
+        """Price the leading tokens the chosen n-gram chain shares with the model chain the same on both chains.
+
+        ``tokens [bs, L]`` / ``length [bs]`` / ``survival [bs, L]``: the chain the choice kept (after ``apply``);
+        ``model_tokens`` / ``model_cond [bs, >= gamma]``: the model chain; ``model_survival [bs, M]`` (M >= the
+        shared columns): its prefix survivals, rewritten in place like ``survival``. On a shared token both
+        conditionals become ``p' = p R / (1 + p (R - 1))`` (odds times ``R``), ``p = max(q, c)``, ``R`` from
+        ``ratio``; the columns after the shared ones keep their conditionals (their survivals are rescaled)."""
+        bs, L = survival.shape
+        g = self.cols
+        v = self._rows(bs)
+        torch.eq(tokens[:, :g], model_tokens[:, :g], out=v.eq)
+        torch.lt(self._col, length.view(-1, 1), out=v.inn)
+        v.eq.logical_and_(v.inn)
+        v.eqi.copy_(v.eq)
+        torch.cumprod(v.eqi, 1, out=v.pref)
+        v.shared.copy_(v.pref)
+        # the chain's conditionals q_j = S_j / S_{j-1} (S_{-1} = 1)
+        v.prev_s[:, :1].fill_(1.0)
+        v.prev_s[:, 1:].copy_(survival[:, : g - 1])
+        v.prev_s.clamp_(min=1e-12)
+        torch.div(survival[:, :g], v.prev_s, out=v.up)
+        v.up.clamp_(0.0, 1.0)
+        torch.clamp(model_cond[:, :g], 0.0, 1.0, out=v.c)
+        torch.maximum(v.up, v.c, out=v.dis)
+        torch.where(v.shared, v.dis, self._zero, out=v.p)  # p, kept for update (0 off the shared tokens)
+        r = self.ratio()
+        torch.sub(r, self._one, out=self._rm1)
+        torch.mul(v.p, self._rm1, out=v.den)
+        v.den.add_(self._one)  # 1 + p (R - 1) >= min(1, R) > 0
+        torch.mul(v.p, r, out=v.dis)
+        v.dis.div_(v.den)  # p'
+        torch.where(v.shared, v.dis, v.up, out=v.up)
+        torch.where(v.shared, v.dis, v.c, out=v.c)
+        v.tok.copy_(model_tokens[:, :g])
+        for conds, surv in ((v.up, survival), (v.c, model_survival)):
+            # columns >= g keep their conditionals: scale them by new S_{g-1} / old S_{g-1}
+            torch.cumprod(conds, 1, out=v.den)
+            if surv.shape[1] > g:
+                torch.clamp(surv[:, g - 1 : g], min=1e-30, out=v.ratio)
+                torch.div(v.den[:, g - 1 : g], v.ratio, out=v.ratio)
+                surv[:, g:].mul_(v.ratio)
+            surv[:, :g].copy_(v.den)
+
+    def update(self, committed: torch.Tensor, counts: torch.Tensor) -> None:
+        """After verify: score this step's shared tokens (``share``) against what the target committed
+        (``committed [bs, K]``: accepted drafts, then the bonus; ``counts [bs]`` of them) into the traffic's
+        record, decayed per request-step: ``E += p (1 - y)``, ``O += (1 - p) y`` over the shared tokens tried
+        (the committed row reaches them and every token before matched)."""
+        bs = committed.shape[0]
+        g = self.cols
+        k = min(g, committed.shape[1])
+        v = self._rows(bs)
+        if k < g:  # host-known shape
+            v.cmt[:, k:].fill_(-1)
+        v.cmt[:, :k].copy_(committed[:, :k])  # copy_ converts the dtype in place
+        torch.eq(v.tok, v.cmt, out=v.eq)
+        torch.lt(self._col, counts.view(-1, 1), out=v.inn)
+        v.eq.logical_and_(v.inn)  # y_j
+        v.eqi.copy_(v.eq)
+        torch.cumprod(v.eqi, 1, out=v.pref)  # prev[:, j] = 1 iff tokens 0..j-1 all matched
+        v.first.copy_(v.prev)
+        v.first.logical_and_(v.inn)
+        v.first.logical_and_(v.shared)  # tried shared tokens
+        e, o = v.ev[0], v.ev[1]
+        v.up.copy_(v.eq)  # y as float
+        torch.sub(self._one, v.up, out=e)
+        e.mul_(v.p)
+        torch.sub(self._one, v.p, out=o)
+        o.mul_(v.up)
+        v.c.copy_(v.first)
+        e.mul_(v.c)
+        o.mul_(v.c)
+        torch.sum(v.ev, (1, 2), out=self._sum)
+        self.record.mul_(self._decay_by_bs[bs])
+        self.record.add_(self._sum)

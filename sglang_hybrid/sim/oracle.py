@@ -107,6 +107,10 @@ class EstimateOracle(HybridPolicy):
     name = "oracle"
     clairvoyant = True
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.agreement = None  # the model chain keeps its confidences; only the n-gram candidates are known
+
     def _reprice(self, inp: StepInput, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
                  surv: torch.Tensor) -> None:
         if inp.reference is None:

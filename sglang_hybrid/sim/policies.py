@@ -189,8 +189,8 @@ class HybridPolicy:
                                    n_max=n_max, window=window, num_slots=max_bs, max_bs=max_bs, device="cpu",
                                    online=online_calibration, strength=online_strength)
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py), as HybridStep.
-        self.agreement = ModelAgreement(max_bs, max_draft, gamma, "cpu") if model_agreement and enable_ngram \
-            else None
+        self.agreement = ModelAgreement(max_bs, max_draft, gamma, "cpu", strength=online_strength) \
+            if model_agreement and enable_ngram else None
         self._history: Optional[TokenHistory] = None
 
     def on_prefill(self, slots: torch.Tensor) -> None:
@@ -207,6 +207,8 @@ class HybridPolicy:
             self.online.update_from_history(inp.slots, self._history.tokens, self._history.lens)
         elif self.online is not None:
             self.online.update(inp.slots, committed, counts)
+        if self.agreement is not None:
+            self.agreement.update(committed, counts)
         if self.tail is not None:
             self.tail.update(inp.slots, committed, counts)
         if self.corpus is not None:  # every request's committed tokens, after the history append (as HybridStep)
@@ -240,6 +242,8 @@ class HybridPolicy:
         nlen = nlen if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)
         mtok = inp.model_tokens
+        if self.agreement is not None:  # the tokens both chains share: one price, learnt from the traffic
+            self.agreement.share(ntok, nlen, surv, mtok, inp.conf, model_surv)
         if self.tail is not None:  # the model chain extended by the n-gram continuation after it
             td = history.lookup_after(inp.slots, self.tail.lookup_cfg, mtok,
                                       out=self.tail.draft_buffers(bs))
