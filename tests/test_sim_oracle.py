@@ -97,8 +97,10 @@ def test_choice_oracle_also_weighs_the_corpus_chain():
 
 def test_estimate_oracle_is_the_hybrid_with_its_ngram_candidates_priced_by_their_outcome(code):
     """'estimate' runs the hybrid's own step and prices every model-free candidate by what the reference accepts:
-    its predicted accepted tokens per draft then equal the observed, and it beats the hybrid's estimate."""
-    opts = SimOptions(batch_size=2, policies=("hybrid", "oracle"), oracle="estimate", measure="all", corpus="shared")
+    its predicted accepted tokens per draft then equal the observed, and it beats the hybrid's estimate. (Compared
+    without ``model_agreement``: the oracle turns off the shared price, which re-prices the model chain too.)"""
+    opts = SimOptions(batch_size=2, policies=("hybrid", "oracle"), oracle="estimate", measure="all", corpus="shared",
+                      model_agreement=False)
     r = simulate(code, opts)
     h, o = r["policies"]["hybrid"], r["policies"]["oracle"]
     cal = o["ngram_calibration"]
