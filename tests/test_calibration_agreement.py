@@ -181,8 +181,8 @@ def test_share_and_update_equal_their_definitions(L, G, M):
 
 def test_share_learns_what_agreement_is_worth_and_prices_both_chains_alike():
     """A traffic where every shared token is accepted: the record's odds ratio grows, the shared tokens' price
-    rises towards 1 on both chains, and the columns after them keep their conditionals. A traffic where they all
-    fail pulls it down."""
+    rises towards 1 on both chains, and the columns after them keep their conditionals, but for the model's
+    token where the chains part. A traffic where they all fail pulls it down."""
     L, G = 6, 4
     tok = torch.tensor([[5, 6, 7, 8, 9, 10]], dtype=torch.int32)
     mt = torch.tensor([[5, 6, 1, 2]], dtype=torch.int32)  # shares 2 tokens, parts at token 2
@@ -207,7 +207,10 @@ def test_share_learns_what_agreement_is_worth_and_prices_both_chains_alike():
         cond = s[0] / torch.cat([torch.ones(1), s[0, :-1]])
         mcond = ms[0] / torch.cat([torch.ones(1), ms[0, :-1]])
         assert torch.allclose(cond[:2], mcond[:2])  # one price per shared token, on both chains
-        assert torch.allclose(cond[2:], q[0, 2:]) and torch.allclose(mcond[2:], mc[0, 2:])
+        assert torch.allclose(cond[2:], q[0, 2:]) and torch.allclose(mcond[3:], mc[0, 3:])
+        # where they part, the model's token too is priced as one of two that cannot both be right
+        q0 = 0.5 / (1 - 0.9 + 0.5 * 0.9)
+        assert float(mcond[2]) == pytest.approx(0.9 * (1 - q0) / (1 - q0 * 0.9), rel=1e-5)
         if direction > 0:
             assert float(cond[0]) > 0.95 and float(cond[1]) > 0.95
         else:

@@ -33,7 +33,9 @@ they make the same mistakes ``R`` stays near 1 or falls below it, and shared tok
 ``max(q, c)``. Raised on the n-gram
 chain alone the shared tokens would tilt the choice towards it for tokens the model chain carries too; the
 model chain's survival is rewritten the same way (the selection reads it; DSpark's planner keeps the drafter's
-own confidences for model rows).
+own confidences for model rows). Where the chosen chain parts from the model chain, the model's token gets the
+parting rule too, ``c' = c (1 - q) / (1 - q c)`` with the n-gram's ``q`` from before its own parting rule (at
+most one of two different tokens is right, whichever chain carries it).
 
 Decode-step rules: ``apply``, ``share`` and ``update`` write only into buffers made at construction for the
 largest batch, never read the device and never branch on device data. ``agreement_ref``, ``share_ref`` and
@@ -93,6 +95,9 @@ def share_ref(tokens: torch.Tensor, length: torch.Tensor, survival: torch.Tensor
             prev = one if j == 0 else survival[b, j - 1].clamp(min=1e-12)
             q = (survival[b, j] / prev).clamp(0.0, 1.0)
             c = model_cond[b, j].to(torch.float32).clamp(0.0, 1.0)
+            if j == shared and j < int(length[b]):  # the parting token: c (1 - q0) / (1 - q0 c), q0 = q / (1 - c + q c)
+                q0 = q / (q * c - c + one).clamp(min=1e-12)
+                c = (one - q0) * c / (one - q0 * c).clamp(min=1e-12)
             if j < shared:
                 p = torch.maximum(q, c)
                 p_out[b, j] = p
@@ -236,7 +241,8 @@ class ModelAgreement:
         ``model_tokens`` / ``model_cond [bs, >= gamma]``: the model chain; ``model_survival [bs, M]`` (M >= the
         shared columns): its prefix survivals, rewritten in place like ``survival``. On a shared token both
         conditionals become ``p' = p R / (1 + p (R - 1))`` (odds times ``R``), ``p = max(q, c)``, ``R`` from
-        ``ratio``; the columns after the shared ones keep their conditionals (their survivals are rescaled)."""
+        ``ratio``; at the parting token the model's conditional becomes ``c (1 - q) / (1 - q c)``; the columns
+        after it keep their conditionals (their survivals are rescaled)."""
         bs, L = survival.shape
         g = self.cols
         v = self._rows(bs)
@@ -253,6 +259,22 @@ class ModelAgreement:
         torch.div(survival[:, :g], v.prev_s, out=v.up)
         v.up.clamp_(0.0, 1.0)
         torch.clamp(model_cond[:, :g], 0.0, 1.0, out=v.c)
+        # The model's token where the chains part: at most one of the two is right, as ``apply`` priced the
+        # n-gram's. Its q before that rule: q = q' / (1 - c + q' c); then c' = c (1 - q) / (1 - q c).
+        torch.gt(v.prev, v.pref, out=v.first)
+        v.first.logical_and_(v.inn)
+        torch.mul(v.up, v.c, out=v.den)
+        v.den.sub_(v.c)
+        v.den.add_(self._one)
+        v.den.clamp_(min=1e-12)
+        torch.div(v.up, v.den, out=v.dis)  # q
+        torch.mul(v.dis, v.c, out=v.den)
+        torch.sub(self._one, v.den, out=v.den)
+        v.den.clamp_(min=1e-12)  # 1 - q c
+        torch.sub(self._one, v.dis, out=v.dis)
+        v.dis.mul_(v.c)
+        v.dis.div_(v.den)  # c (1 - q) / (1 - q c)
+        torch.where(v.first, v.dis, v.c, out=v.c)
         torch.maximum(v.up, v.c, out=v.dis)
         torch.where(v.shared, v.dis, self._zero, out=v.p)  # p, kept for update (0 off the shared tokens)
         r = self.ratio()
