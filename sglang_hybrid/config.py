@@ -51,8 +51,8 @@ class HybridConfig:
     num_iters: int = 2  # price iterations of the selection
     model_prior: float = 0.7  # initial per-position conditional acceptance of the model chain
     model_ema: float = 0.05  # online refit rate of the model chain's per-position acceptance
-    model_agreement: bool = True  # re-price n-gram tokens by agreement with the model chain beside them
-    # (calibration/agreement.py): max(q, c) where they agree, q (1 - c) / (1 - q c) where they first part
+    model_agreement: bool = True  # price n-gram tokens beside the model chain (calibration/agreement.py): max(q, c)
+    # where they agree, the two-expert rule where they part, one learnt price on the tokens both chains share
     online_calibration: bool = True  # per-request recalibration of the n-gram estimates (calibration/online.py)
     online_strength: float = 2.0  # its prior strength, in units of its records (larger: trust the table longer)
     online_defer: int = 8  # drafts scored against the history as it arrives, open up to this many steps; 0 =
