@@ -22,6 +22,7 @@ import torch
 
 from .calibration import CalibrationTable
 from .calibration.agreement import ModelAgreement
+from .calibration.agreement import conditional as _conditional
 from .calibration.apply import DeviceCalibration
 from .calibration.candidates import make_step_corpus
 from .calibration.online import OnlineCalibration
@@ -34,15 +35,6 @@ from .selection.sps2d import DenseSps2D, Sps2DTable
 from .stats import COUNTER_NAMES, SLOT_STAT_NAMES, StepStats  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("sglang_hybrid")
-
-def _conditional(surv: torch.Tensor, prev: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Per-token conditional acceptance ``c_j = S_j / S_{j-1}`` (``S_0 = 1``) of prefix survivals ``surv``, clamped
-    to [0, 1], into ``out``; ``prev`` is scratch of the same shape."""
-    prev[:, :1].fill_(1.0)
-    prev[:, 1:].copy_(surv[:, :-1])
-    torch.div(surv, prev.clamp_(min=1e-12), out=out)
-    return out.clamp_(0.0, 1.0)
-
 
 @dataclass
 class Proposal:

@@ -50,7 +50,16 @@ import torch
 
 from .online import DEFAULT_GLOBAL_DECAY, DEFAULT_STRENGTH
 
-__all__ = ["ModelAgreement", "agreement_ref", "share_ref", "update_ref"]
+__all__ = ["ModelAgreement", "agreement_ref", "conditional", "share_ref", "update_ref"]
+
+
+def conditional(surv: torch.Tensor, prev: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Per-token conditional acceptance ``c_j = S_j / S_{j-1}`` (``S_0 = 1``) of prefix survivals ``surv``, clamped
+    to [0, 1], into ``out``; ``prev`` is scratch of the same shape."""
+    prev[:, :1].fill_(1.0)
+    prev[:, 1:].copy_(surv[:, :-1])
+    torch.div(surv, prev.clamp_(min=1e-12), out=out)
+    return out.clamp_(0.0, 1.0)
 
 
 def agreement_ref(tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor, model_tokens: torch.Tensor,
@@ -117,7 +126,7 @@ def update_ref(record: torch.Tensor, p: torch.Tensor, shared: list[int], model_t
     """Plain definition of ``ModelAgreement.update`` (in float64): the record ``[E, O]`` after one step whose
     first ``shared[b]`` tokens of row b were shared, with estimates ``p [bs, g]``, on the model chain
     ``model_tokens [bs, >= g]``; scored against ``committed[b, :counts[b]]``."""
-    bs, g = p.shape
+    bs = p.shape[0]
     e = o = 0.0
     for b in range(bs):
         for j in range(min(shared[b], int(counts[b]), committed.shape[1])):
@@ -189,6 +198,30 @@ class ModelAgreement:
             self._views[bs] = v
         return v
 
+    def _prefix(self, v: SimpleNamespace, tokens: torch.Tensor, length: torch.Tensor,
+                model_tokens: torch.Tensor) -> None:
+        """``v.pref``: 1 while every token of the chain so far equals the model's (within ``length``); ``v.first``:
+        the first token where they part; ``v.inn``: the columns within ``length``."""
+        g = self.cols
+        torch.eq(tokens[:, :g], model_tokens[:, :g], out=v.eq)
+        torch.lt(self._col, length.view(-1, 1), out=v.inn)
+        v.eq.logical_and_(v.inn)
+        v.eqi.copy_(v.eq)  # a bool cumprod would cast into a new tensor
+        torch.cumprod(v.eqi, 1, out=v.pref)
+        torch.gt(v.prev, v.pref, out=v.first)
+        v.first.logical_and_(v.inn)
+
+    def _one_of_two(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+        """``a (1 - b) / (1 - a b)`` into ``out`` (``den`` scratch): the chance that the token estimated at ``a`` is
+        the right one when the other drafter's different token is estimated at ``b`` (two independent experts).
+        ``out`` may be ``b``: ``b`` is read before ``out`` is written."""
+        torch.mul(a, b, out=den)
+        torch.sub(self._one, den, out=den)
+        den.clamp_(min=1e-12)
+        torch.sub(self._one, b, out=out)
+        out.mul_(a)
+        return out.div_(den)
+
     def apply(self, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor, survival: torch.Tensor,
               model_tokens: torch.Tensor, model_cond: torch.Tensor) -> None:
         """Re-price in place the n-gram chains' conditional ``q [bs, L]`` and their ``survival [bs, L]``.
@@ -205,22 +238,10 @@ class ModelAgreement:
         g = self.cols
         v = self._rows(bs)
         qg = q[:, :g]
-        torch.eq(tokens[:, :g], model_tokens[:, :g], out=v.eq)
-        torch.lt(self._col, length.view(-1, 1), out=v.inn)
-        v.eq.logical_and_(v.inn)
-        v.eqi.copy_(v.eq)  # a bool cumprod would cast into a new tensor
-        torch.cumprod(v.eqi, 1, out=v.pref)  # 1 while every token so far agrees
-        torch.gt(v.prev, v.pref, out=v.first)  # the first token where the chains part
-        v.first.logical_and_(v.inn)
+        self._prefix(v, tokens, length, model_tokens)
         torch.clamp(model_cond[:, :g], 0.0, 1.0, out=v.c)
         torch.maximum(qg, v.c, out=v.up)
-        # q (1 - c) / (1 - q c)
-        torch.mul(qg, v.c, out=v.den)
-        torch.sub(self._one, v.den, out=v.den)
-        v.den.clamp_(min=1e-12)
-        torch.sub(self._one, v.c, out=v.dis)
-        v.dis.mul_(qg)
-        v.dis.div_(v.den)
+        self._one_of_two(qg, v.c, v.dis, v.den)  # q (1 - c) / (1 - q c)
         v.agree.copy_(v.pref)
         torch.where(v.agree, v.up, qg, out=qg)
         torch.where(v.first, v.dis, qg, out=qg)
@@ -246,34 +267,18 @@ class ModelAgreement:
         bs, L = survival.shape
         g = self.cols
         v = self._rows(bs)
-        torch.eq(tokens[:, :g], model_tokens[:, :g], out=v.eq)
-        torch.lt(self._col, length.view(-1, 1), out=v.inn)
-        v.eq.logical_and_(v.inn)
-        v.eqi.copy_(v.eq)
-        torch.cumprod(v.eqi, 1, out=v.pref)
+        self._prefix(v, tokens, length, model_tokens)
         v.shared.copy_(v.pref)
-        # the chain's conditionals q_j = S_j / S_{j-1} (S_{-1} = 1)
-        v.prev_s[:, :1].fill_(1.0)
-        v.prev_s[:, 1:].copy_(survival[:, : g - 1])
-        v.prev_s.clamp_(min=1e-12)
-        torch.div(survival[:, :g], v.prev_s, out=v.up)
-        v.up.clamp_(0.0, 1.0)
+        conditional(survival[:, :g], v.prev_s, v.up)  # the chain's q_j = S_j / S_{j-1}
         torch.clamp(model_cond[:, :g], 0.0, 1.0, out=v.c)
         # The model's token where the chains part: at most one of the two is right, as ``apply`` priced the
         # n-gram's. Its q before that rule: q = q' / (1 - c + q' c); then c' = c (1 - q) / (1 - q c).
-        torch.gt(v.prev, v.pref, out=v.first)
-        v.first.logical_and_(v.inn)
         torch.mul(v.up, v.c, out=v.den)
         v.den.sub_(v.c)
         v.den.add_(self._one)
         v.den.clamp_(min=1e-12)
         torch.div(v.up, v.den, out=v.dis)  # q
-        torch.mul(v.dis, v.c, out=v.den)
-        torch.sub(self._one, v.den, out=v.den)
-        v.den.clamp_(min=1e-12)  # 1 - q c
-        torch.sub(self._one, v.dis, out=v.dis)
-        v.dis.mul_(v.c)
-        v.dis.div_(v.den)  # c (1 - q) / (1 - q c)
+        self._one_of_two(v.c, v.dis, v.dis, v.den)
         torch.where(v.first, v.dis, v.c, out=v.c)
         torch.maximum(v.up, v.c, out=v.dis)
         torch.where(v.shared, v.dis, self._zero, out=v.p)  # p, kept for update (0 off the shared tokens)

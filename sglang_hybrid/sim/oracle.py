@@ -108,8 +108,8 @@ class EstimateOracle(HybridPolicy):
     clairvoyant = True
 
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.agreement = None  # the model chain keeps its confidences; only the n-gram candidates are known
+        # The model chain keeps its confidences (no agreement rules); only the n-gram candidates are known.
+        super().__init__(*args, **{**kwargs, "model_agreement": False})
 
     def _reprice(self, inp: StepInput, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
                  surv: torch.Tensor) -> None:
