@@ -111,12 +111,12 @@ class EstimateOracle(HybridPolicy):
         # The model chain keeps its confidences (no agreement rules); only the n-gram candidates are known.
         super().__init__(*args, **{**kwargs, "model_agreement": False})
 
-    def _reprice(self, inp: StepInput, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
-                 surv: torch.Tensor) -> None:
+    def _reprice(self, inp: StepInput, draft, q: torch.Tensor, surv: torch.Tensor, source: int) -> None:
         if inp.reference is None:
             raise ValueError("EstimateOracle needs StepInput.reference (run_policy passes it to clairvoyant policies)")
         L = q.shape[1]
-        got = accepted_len(tokens.numpy().astype(np.int64), inp.reference, length.numpy().astype(np.int64))
+        got = accepted_len(draft.tokens.numpy().astype(np.int64), inp.reference,
+                           draft.length.numpy().astype(np.int64))
         known = torch.from_numpy((np.arange(L)[None, :] < got[:, None]).astype(np.float32))
         q.copy_(known)
         surv.copy_(known)

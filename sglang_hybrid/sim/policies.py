@@ -152,7 +152,8 @@ class HybridPolicy:
                  max_draft: int = 7, window: int = 0, num_iters: int = 2, enable_ngram: bool = True,
                  max_verify_len: Optional[int] = None, fixed_window: Optional[int] = None,
                  online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
-                 online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None, two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
+                 online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None,
+                 two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
                  model_tail: int = 0, model_agreement: bool = True) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
@@ -215,12 +216,13 @@ class HybridPolicy:
             self.corpus.insert(self._history, inp.slots, counts)
             self.corpus_cand.update(inp.slots, committed, counts)
 
-    def _reprice(self, inp: StepInput, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
-                 surv: torch.Tensor) -> None:
+    def _reprice(self, inp: StepInput, draft, q: torch.Tensor, surv: torch.Tensor, source: int) -> None:
         """The last word on a model-free candidate's ``(q, surv)`` before the choice: beside the model chain
-        (calibration/agreement.py). ``oracle.EstimateOracle`` overrides it."""
+        (calibration/agreement.py). ``draft``: its lookup (``tokens``, ``length``, ``match_len``,
+        ``match_count``); ``source``: 0 = the request's own history, 1 = the corpus. ``oracle.EstimateOracle``
+        and ``steplog.StepLogPolicy`` override it."""
         if self.agreement is not None:
-            self.agreement.apply(tokens, length, q, surv, inp.model_tokens, inp.conf)
+            self.agreement.apply(draft.tokens, draft.length, q, surv, inp.model_tokens, inp.conf)
 
     def step(self, inp: StepInput, history: TokenHistory) -> StepOutput:
         bs = inp.slots.shape[0]
@@ -232,12 +234,12 @@ class HybridPolicy:
             self.sps2d.fill(inp.context_tokens, self.sps)
         if self.online is not None:
             self.online.apply(inp.slots, d.tokens, d.length, q, surv, start=history.lens[inp.slots])
-        self._reprice(inp, d.tokens, d.length, q, surv)
+        self._reprice(inp, d, q, surv, 0)
         ntok, nlen = d.tokens, d.length
         if self.corpus is not None:  # the better of the own-history and corpus candidates (HybridStep.propose)
             cd = self.corpus.lookup(history, inp.slots)
             cq, csurv = self.corpus_cand.price(inp.slots, cd)
-            self._reprice(inp, cd.tokens, cd.length, cq, csurv)
+            self._reprice(inp, cd, cq, csurv, 1)
             ntok, nlen = self.corpus_cand.choose(d.tokens, surv, d.length, cd, csurv)
         nlen = nlen if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)

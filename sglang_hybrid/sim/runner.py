@@ -188,7 +188,9 @@ def prepare_requests(records: Sequence[Record], opts: SimOptions, tokenizer=None
     return reqs, tokenizer.get_vocab_size(), meta
 
 
-def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
+def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None, hybrid_cls=None):
+    """The policy ``name`` built from ``opts``; ``hybrid_cls``: a ``HybridPolicy`` subclass to build for "hybrid"
+    (``steplog.StepLogPolicy``)."""
     if name == "dspark":
         return DSparkPolicy(opts.gamma, sps, lag=opts.dspark_lag)
     if name == "ngram":
@@ -201,7 +203,7 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None):
             sps2d = roofline_sps2d_table()
         else:
             sps2d = load_sps2d_table(opts.sps2d)
-        cls = HybridPolicy
+        cls = hybrid_cls or HybridPolicy
         if name == ORACLE:
             from .oracle import EstimateOracle as cls
         return cls(opts.gamma, opts.batch_size, sps, calibration if calibration is not None else
