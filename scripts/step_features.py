@@ -80,7 +80,10 @@ def main(argv=None) -> int:
     if not Path(args.workload).is_file():
         p.error(f"--workload: no such file: {args.workload}")
     t0 = time.time()
-    log, summary = run(args.workload, args.batch_size, args.corpus, args.max_requests)
+    try:
+        log, summary = run(args.workload, args.batch_size, args.corpus, args.max_requests)
+    except ValueError as e:  # bad settings (SimOptions / run_policy name the argument)
+        p.error(str(e))
     if not log:
         p.error("--workload: no decode step ran (too few requests for the batch size?)")
     print(f"# step features: {args.workload}, batch {args.batch_size}, corpus {args.corpus}, "

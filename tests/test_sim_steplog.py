@@ -139,3 +139,6 @@ def test_script_prints_tables_and_saves_the_log(tmp_path, capsys):
     assert len(saved["request"]) > 0 and "own_q0" in saved.files
     with pytest.raises(SystemExit):
         step_features.main(["--workload", str(tmp_path / "missing.jsonl")])
+    with pytest.raises(SystemExit):
+        step_features.main(["--workload", str(wl), "--batch-size", "0"])
+    assert "batch_size: must be >= 1" in capsys.readouterr().err
