@@ -10,7 +10,7 @@ sees the reference.
 
 ``feature_gains`` then asks, feature by feature, how much a logistic model of "the candidate's first token is
 accepted" improves on the calibrated estimate alone (``logit(q0)``): the mean log-loss drop on the logged rows.
-A feature that carries nothing the estimate lacks gains about 0. ``calibration_rows`` prints the estimate
+A feature that carries nothing the estimate lacks gains about 0. ``calibration_rows`` gives the estimate
 against the observed rate by bucket. ``scripts/step_features.py`` runs both on a workload.
 """
 
