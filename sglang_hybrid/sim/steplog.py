@@ -50,13 +50,14 @@ class StepLogPolicy(HybridPolicy):
         n = draft.length.numpy().astype(np.int64)
         L = tok.shape[1]
         live = np.arange(L)[None, :] < n[:, None]
-        c = {"len": n, "match_len": draft.match_len.numpy(), "count": draft.match_count.numpy(),
+        # Copies: the draft's tensors are views of lookup buffers that the next lookup overwrites.
+        c = {"len": n, "match_len": draft.match_len.numpy().copy(), "count": draft.match_count.numpy().copy(),
              "q0": np.where(n > 0, q[:, 0].numpy(), 0.0), "expected": (surv.numpy() * live).sum(1),
              "accepted": accepted_len(tok, inp.reference, n),
              "agree_model": (n > 0) & (tok[:, 0] == inp.model_tokens[:, 0].numpy()),
              "tokens0": np.where(n > 0, tok[:, 0], -1)}
         if source == 0:
-            c["in_prompt"] = draft.in_prompt.numpy()
+            c["in_prompt"] = draft.in_prompt.numpy().copy()
             self._own_tokens = np.where(live, tok, -1)
         self._cand[source] = c
 
