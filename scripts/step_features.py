@@ -30,10 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from sglang_hybrid.sim.cost import make_cost  # noqa: E402
 from sglang_hybrid.sim.jsonl import read_workload  # noqa: E402
-from sglang_hybrid.sim.runner import SimOptions, load_sps, make_policy, prepare_requests  # noqa: E402
-from sglang_hybrid.sim.simulator import run_policy  # noqa: E402
+from sglang_hybrid.sim.runner import SimOptions, load_sps, make_policy, prepare_requests, run_built  # noqa: E402
 from sglang_hybrid.sim.steplog import StepLogPolicy, calibration_rows, feature_gains  # noqa: E402
 
 
@@ -44,8 +42,7 @@ def run(workload: str, batch_size: int, corpus: str = "shared", max_requests: in
     sps = load_sps(opts.sps_table)
     reqs, vocab, _ = prepare_requests(read_workload(workload), opts)
     pol = make_policy("hybrid", opts, sps, hybrid_cls=StepLogPolicy)
-    res = run_policy(pol, reqs, batch_size, sps, gamma=opts.gamma, vocab_size=vocab, cost=make_cost(opts.cost, sps),
-                     draft_cost_frac=opts.draft_cost_frac, measure=opts.measure)
+    res = run_built(pol, reqs, vocab, opts, sps)
     return pol.table(), res.summary()
 
 

@@ -10,10 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sglang_hybrid.sim.cost import make_cost
 from sglang_hybrid.sim.jsonl import read_workload
-from sglang_hybrid.sim.runner import SimOptions, load_sps, make_policy, prepare_requests
-from sglang_hybrid.sim.simulator import run_policy
+from sglang_hybrid.sim.runner import SimOptions, load_sps, make_policy, prepare_requests, run_built
 from sglang_hybrid.sim.steplog import StepLogPolicy, calibration_rows, feature_gains, fit_logistic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,8 +23,7 @@ def _run(records, cls, corpus="shared"):
     sps = load_sps(None)
     reqs, vocab, _ = prepare_requests(records, opts)
     pol = make_policy("hybrid", opts, sps, hybrid_cls=cls)
-    res = run_policy(pol, reqs, 2, sps, gamma=opts.gamma, vocab_size=vocab, cost=make_cost(opts.cost, sps),
-                     draft_cost_frac=opts.draft_cost_frac, measure=opts.measure)
+    res = run_built(pol, reqs, vocab, opts, sps)
     return pol, res
 
 

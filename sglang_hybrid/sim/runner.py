@@ -224,6 +224,15 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None, hy
     raise ValueError(f"policy: unknown {name!r}; choose from {POLICIES}")
 
 
+def run_built(policy, reqs: Sequence[Request], vocab: int, opts: SimOptions, sps: SpsTable,
+              label: str = "") -> PolicyResult:
+    """Replay ``reqs`` (from ``prepare_requests``) through a built ``policy`` with ``opts``' batch size, cost model,
+    drafter cost and measure."""
+    return run_policy(policy, reqs, opts.batch_size, sps, gamma=opts.gamma, vocab_size=vocab,
+                      cost=make_cost(opts.cost, sps), draft_cost_frac=opts.draft_cost_frac, progress=opts.progress,
+                      measure=opts.measure, label=label)
+
+
 def simulate(records: Sequence[Record], opts: SimOptions, *, tokenizer=None, calibration=None,
              label: str = "") -> dict:
     """Run the chosen policies on ``records``; returns the JSON-ready result (see ``simulate_cli``)."""
@@ -234,10 +243,7 @@ def simulate(records: Sequence[Record], opts: SimOptions, *, tokenizer=None, cal
     results: dict[str, PolicyResult] = {}
     for name in opts.policies:
         pol = make_policy(name, opts, sps, calibration)
-        results[name] = run_policy(pol, reqs, opts.batch_size, sps, gamma=opts.gamma, vocab_size=vocab,
-                                   cost=make_cost(opts.cost, sps),
-                                   draft_cost_frac=opts.draft_cost_frac, progress=opts.progress, measure=opts.measure,
-                                   label=f"{label}{name} bs={opts.batch_size}")
+        results[name] = run_built(pol, reqs, vocab, opts, sps, label=f"{label}{name} bs={opts.batch_size}")
     kinds = sorted({r.kind for r in (records[: opts.max_requests] if opts.max_requests else records)})
     out = {
         "kind": kinds[0] if len(kinds) == 1 else kinds,

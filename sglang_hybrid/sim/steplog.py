@@ -41,7 +41,6 @@ class StepLogPolicy(HybridPolicy):
         super().__init__(*args, **kwargs)
         self._rows: list[dict[str, np.ndarray]] = []
         self._cand: dict[int, dict[str, np.ndarray]] = {}
-        self._own_tokens: Optional[np.ndarray] = None
         self._prev: dict[int, int] = {}  # request -> its last own draft's accepted tokens, as verify saw them
 
     def _reprice(self, inp: StepInput, draft, q: torch.Tensor, surv: torch.Tensor, source: int) -> None:
@@ -58,7 +57,7 @@ class StepLogPolicy(HybridPolicy):
              "tokens0": np.where(n > 0, tok[:, 0], -1)}
         if source == 0:
             c["in_prompt"] = draft.in_prompt.numpy().copy()
-            self._own_tokens = np.where(live, tok, -1)
+            c["tokens"] = tok
         self._cand[source] = c
 
     def step(self, inp: StepInput, history) -> StepOutput:
@@ -92,13 +91,12 @@ class StepLogPolicy(HybridPolicy):
         super().record(inp, out, committed, counts)
         # What a server knows of the own draft after verify: its tokens matched against the committed ones
         # (accepted drafts and the bonus), censored at the committed count.
-        tok, cmt = self._own_tokens, committed.numpy().astype(np.int64)
-        n = counts.numpy().astype(np.int64)
+        own = self._cand[0]
+        tok, cmt = own["tokens"], committed.numpy().astype(np.int64)
         w = min(tok.shape[1], cmt.shape[1])
-        lim = np.minimum((tok[:, :w] >= 0).sum(1), n)
-        got = accepted_len(tok[:, :w], cmt[:, :w], lim)
-        for r, g, has in zip(self._req, got, tok[:, 0] >= 0):
-            self._prev[int(r)] = int(g) if has else -1
+        got = accepted_len(tok[:, :w], cmt[:, :w], np.minimum(own["len"], counts.numpy()))
+        for r, g, n in zip(self._req, got, own["len"]):
+            self._prev[int(r)] = int(g) if n > 0 else -1
 
     def table(self) -> dict[str, np.ndarray]:
         """The log: one float64 column per field, one row per request-step (empty columns before any step)."""
