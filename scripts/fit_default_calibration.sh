@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the shipped default tokenizer and n-gram calibration table, byte for byte.
+# Rebuild the shipped default tokenizer, n-gram calibration table and corpus calibration table, byte for byte.
 #
 #   bash scripts/fit_default_calibration.sh     # PYTHON=/path/to/python, SDIST_CACHE=dir to reuse downloads
 #
@@ -19,6 +19,9 @@
 #   hybrid-spark calibrate --source model --model /path/to/target --corpus /path/to/prompts \
 #       --device cuda --out my_calibration.json --plot my_calibration.png
 # and points the plugin at it (option `calibration`, e.g. SGLANG_HYBRID_CALIBRATION=my_calibration.json).
+# The corpus table (option `corpus_calibration`) is fitted on the same two parts by replaying them through a
+# cross-request corpus (calibration/corpus_samples.py; about 6 minutes on 2 cores):
+#   hybrid-spark calibrate --candidate corpus --corpus stdlib my_requests.jsonl --out my_corpus_table.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
@@ -45,3 +48,5 @@ EOF
     --n-min 2 --n-max 8 --max-draft 16 \
     --out sglang_hybrid/data/calibration/default.json \
     --plot sglang_hybrid/data/calibration/default_reliability.png
+"$PY" -m sglang_hybrid.calibration.cli --candidate corpus --source text --corpus stdlib "$WORK/requests.jsonl" \
+    --seed 0 --max-draft 16 --out sglang_hybrid/data/calibration/corpus_default.json

@@ -64,6 +64,9 @@ class HybridConfig:
     metrics_interval: int = 50  # decode steps between periodic log lines; 0 = never
     corpus: str = "off"  # cross-request n-gram corpus (ngram/corpus.py): "off", "shared" or "tenant" (README)
     corpus_entries: int = 1 << 21  # its table entries (a power of two); device memory 16 bytes per entry
+    corpus_calibration: str = "default"  # the corpus drafts' fitted odds-ratio table (calibration/corpus_table.py):
+    # "default" = the shipped one, "none" = the corpus's own q, or a JSON path (hybrid-spark calibrate --candidate
+    # corpus); the online recalibration runs after it either way
     model_tail: int = MAX_DRAFT_LIMIT  # n-gram tail drafted after the model chain (calibration/tail.py), at most
     # this many tokens, capped by the chain width minus gamma (so 0 wherever the window is only gamma); 0 = off
     warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
@@ -117,6 +120,19 @@ class HybridConfig:
             raise bad("sps2d_table", f"file not found: {self.sps2d_table} ('' = off, 'roofline', or a JSON path)")
         if self.calibration != "default" and not os.path.isfile(self.calibration):
             raise bad("calibration", f"file not found: {self.calibration}")
+        if self.corpus_calibration not in ("default", "none") and not os.path.isfile(self.corpus_calibration):
+            raise bad("corpus_calibration", f"file not found: {self.corpus_calibration} ('default', 'none', or a "
+                                            "JSON path)")
+        if self.corpus != "off":  # read it now: a malformed or mismatched table fails at start-up, named
+            from .calibration.candidates import corpus_config
+            from .calibration.corpus_table import load_corpus_table
+
+            try:
+                table = load_corpus_table(self.corpus_calibration)
+                if table is not None:
+                    table.check_corpus(corpus_config(self.corpus, self.corpus_entries, 1))
+            except ValueError as e:
+                raise bad("corpus_calibration", str(e)) from None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], source: str) -> "HybridConfig":

@@ -106,7 +106,8 @@ class HybridStep:
         # (written at prefill; all 0 unless cfg.corpus == "tenant").
         self.corpus, self.corpus_cand = make_step_corpus(
             cfg.corpus, cfg.corpus_entries, num_slots=num_slots, max_bs=max_bs, width=L, device=self.device,
-            backend=kernel_backend, online=cfg.online_calibration, strength=cfg.online_strength)
+            backend=kernel_backend, online=cfg.online_calibration, strength=cfg.online_strength,
+            table=cfg.corpus_calibration)
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py).
         self.agreement = ModelAgreement(max_bs, L, gamma, self.device, strength=cfg.online_strength) \
             if cfg.model_agreement and cfg.enable_model and cfg.enable_ngram else None

@@ -7,11 +7,13 @@ draft and keeps, per request, the candidate with the larger calibrated expected 
 prefix survivals); the winner goes to the selection as *the* n-gram chain, priced against the model chain
 unchanged.
 
-Pricing the corpus draft: its prior is the corpus's own per-token estimate ``q = best / (total + alpha)``
-(frequency with a pseudo-count), recalibrated online by a second ``OnlineCalibration`` record of its own (the
-same odds-ratio correction, with the same tests, as the per-request n-gram's; here it learns how the corpus's
-frequency estimates fare against the target, per request and over the traffic). No constant is fitted to a
-workload: with no evidence the corpus's own q is used as is.
+Pricing the corpus draft, in three stages: the corpus's own per-token estimate ``q = best / (total + alpha)``
+(frequency with a pseudo-count); corrected by a fitted table of odds ratios by match length, count and
+position (``corpus_table.py``, option ``corpus_calibration``: the shipped table is fitted on other text by
+``hybrid-spark calibrate --candidate corpus``; ``"none"`` skips this stage); then recalibrated online by a
+second ``OnlineCalibration`` record of its own (the same odds-ratio correction, with the same tests, as the
+per-request n-gram's; here it learns how the fitted estimates fare against the target, per request and over
+the traffic). With no online evidence the table's estimate is used as is.
 
 Decode-step rules: ``price``, ``choose`` and ``update`` write only into buffers made at construction for the
 largest batch, never read the device and never branch on device data.
@@ -34,13 +36,15 @@ Q_ONE = 1 << 16  # the corpus's fixed point for q
 class CorpusCandidate:
     """Buffers and online record for the corpus candidate of ``max_bs`` requests with chains of ``width`` tokens.
 
-    ``online``: recalibrate the corpus's q from verify outcomes (False: its q as is).
+    ``online``: recalibrate the corpus's q from verify outcomes (False: its q as is). ``table``: a fitted
+    ``CorpusTable`` applied before the online stage (None: the corpus's own q).
     """
 
     def __init__(self, num_slots: int, max_bs: int, width: int, device: torch.device | str, *,
-                 online: bool = True, strength: float = DEFAULT_STRENGTH) -> None:
+                 online: bool = True, strength: float = DEFAULT_STRENGTH, table=None) -> None:
         dev = torch.device(device)
         self.width = width
+        self.table = table.to_device(max_bs, width, dev) if table is not None else None
         self.q = torch.zeros(max_bs, width, dtype=torch.float32, device=dev)
         self.surv = torch.zeros(max_bs, width, dtype=torch.float32, device=dev)
         self.tokens = torch.zeros(max_bs, width, dtype=torch.int32, device=dev)  # the chosen candidate
@@ -66,6 +70,8 @@ class CorpusCandidate:
         q, surv = self.q[:bs], self.surv[:bs]
         q.copy_(draft.q)  # int32 -> float32 in place (a mixed-dtype mul would allocate a float copy)
         q.mul_(self._scale)
+        if self.table is not None:
+            self.table.apply(draft.match_len, draft.match_count, q)
         torch.cumprod(q, 1, out=surv)
         if self.online is not None:
             self.online.apply(slots, draft.tokens, draft.length, q, surv)
@@ -120,14 +126,21 @@ def corpus_config(isolation: str, entries: int, insert_chunk: int):
 
 
 def make_step_corpus(isolation: str, entries: int, *, num_slots: int, max_bs: int, width: int, device,
-                     backend: str = "auto", online: bool = True, strength: float = DEFAULT_STRENGTH
-                     ) -> tuple[Optional[object], Optional[CorpusCandidate]]:
+                     backend: str = "auto", online: bool = True, strength: float = DEFAULT_STRENGTH,
+                     table: str = "default") -> tuple[Optional[object], Optional[CorpusCandidate]]:
     """``(NgramCorpus, CorpusCandidate)`` for a step with n-gram chains of ``width`` tokens, or ``(None, None)``
-    with the corpus off. Shared by ``HybridStep`` and the simulator's ``HybridPolicy``."""
+    with the corpus off. ``table``: option ``corpus_calibration`` (``load_corpus_table``) or a ``CorpusTable``;
+    a bad or mismatched table raises ``ValueError`` naming its file. Shared by ``HybridStep`` and the
+    simulator's ``HybridPolicy``."""
     cfg = corpus_config(isolation, entries, width + 1)
     if cfg is None:
         return None, None
     from ..ngram.corpus import NgramCorpus
+    from .corpus_table import load_corpus_table
 
+    fitted = load_corpus_table(table) if isinstance(table, str) else table
+    if fitted is not None:
+        fitted.check_corpus(cfg)
     corpus = NgramCorpus(cfg, device, backend=backend, max_batch_size=max_bs, max_draft=width)
-    return corpus, CorpusCandidate(num_slots, max_bs, width, device, online=online, strength=strength)
+    return corpus, CorpusCandidate(num_slots, max_bs, width, device, online=online, strength=strength,
+                                   table=fitted)

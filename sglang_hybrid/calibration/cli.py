@@ -11,6 +11,9 @@ Examples::
     # a deployment's own target model (its greedy continuations of prompts taken from a corpus):
     hybrid-spark calibrate --source model --model /models/target --corpus my_prompts/ --device cuda \\
         --out my_table.json --plot my_table.png
+
+    # the cross-request corpus's table (option corpus_calibration), from a request log:
+    hybrid-spark calibrate --candidate corpus --corpus requests.jsonl --out corpus_table.json
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hybrid-spark calibrate", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--candidate", choices=("ngram", "corpus"), default="ngram",
+                    help="'ngram': the per-request n-gram table (option calibration); 'corpus': the cross-request "
+                         "corpus's odds-ratio table (option corpus_calibration; corpus_table.py)")
+    ap.add_argument("--corpus-entries", type=int, default=1 << 21,
+                    help="--candidate corpus: entries of the replayed corpus (a power of two)")
     ap.add_argument("--source", choices=("text", "model"), default="text",
                     help="'text': the corpus text itself plays the target; 'model': a causal LM's greedy continuations")
     ap.add_argument("--corpus", nargs="+", default=["stdlib"], metavar="stdlib|PATH",
@@ -73,14 +81,13 @@ def _fail(msg: str) -> int:
     return 2
 
 
-def collect_samples(args: argparse.Namespace) -> tuple[Any, int, dict[str, Any]]:
-    """Corpus -> token sequences -> replayed samples. Returns ``(samples, num_sequences, fit_meta)``."""
+def collect_sequences(args: argparse.Namespace) -> tuple[list, Any, Any, dict[str, Any]]:
+    """Corpus -> token sequences. Returns ``(sequences, prompt_lens, model_first or None, fit_meta)``."""
     from sglang_hybrid.tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer, tokenizer_digest
 
     import numpy as np
 
     from .corpus import corpus_digest, path_documents, stdlib_documents
-    from .samples import samples_from_docs, samples_via_history
     from .sources import (draft_first_tokens, load_causal_lm, model_token_docs, request_token_docs,
                           select_documents, text_token_docs, tokenize_documents)
 
@@ -140,6 +147,14 @@ def collect_samples(args: argparse.Namespace) -> tuple[Any, int, dict[str, Any]]
         meta["draft_model"] = Path(args.draft_model).name
     meta["sequences"] = len(seqs)
     meta["tokens"] = int(sum(len(s) for s in seqs))
+    return seqs, plens, model_first, meta
+
+
+def collect_samples(args: argparse.Namespace) -> tuple[Any, int, dict[str, Any]]:
+    """Corpus -> token sequences -> replayed samples. Returns ``(samples, num_sequences, fit_meta)``."""
+    from .samples import samples_from_docs, samples_via_history
+
+    seqs, plens, model_first, meta = collect_sequences(args)
     if args.replay == "fast":
         if args.window != 0:
             raise ValueError("--window > 0 needs --replay history (the fast replay scans the whole history)")
@@ -157,8 +172,49 @@ def _line(tag: str, m: dict[str, Any]) -> str:
     if not m.get("events"):
         return f"  {tag:<9} no held-out events"
     auc = "n/a (one class)" if m["auc"] is None else f"{m['auc']:.4f}"
-    return (f"  {tag:<9} ECE {m['ece']:.4f}  AUC {auc}  Brier {m['brier']:.5f}  "
+    return (f"  {tag:<9} ECE {m['ece']:.4f}  AUC {auc}  Brier {m['brier']:.5f}  log-loss {m['log_loss']:.4f}  "
             f"mean predicted {m['mean_pred']:.4f} vs observed {m['mean_observed']:.4f}  ({m['events']} events)")
+
+
+def _fit_corpus(args: argparse.Namespace) -> int:
+    """``--candidate corpus``: replay the sequences through a corpus, fit its odds-ratio table, write it."""
+    from sglang_hybrid.ngram.corpus import CorpusConfig
+
+    from .corpus_samples import corpus_samples
+    from .corpus_table import CorpusTable, heldout_metrics
+    from .fit import split_by_doc
+
+    if args.draft_model:
+        return _fail("--draft-model: the corpus table has no 'agree' feature (it applies to --candidate ngram)")
+    cfg = CorpusConfig(entries=args.corpus_entries)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        return _fail(f"--corpus-entries: {e}")
+    t0 = time.perf_counter()
+    try:
+        seqs, plens, _, meta = collect_sequences(args)
+    except (FileNotFoundError, ValueError) as e:
+        return _fail(str(e))
+    meta.pop("ngram", None)
+    meta["replay"] = "corpus_samples.py: 32 sequences side by side, one token a step, outputs inserted"
+    meta["corpus_entries"] = cfg.entries
+    samples = corpus_samples(seqs, plens, cfg, args.max_draft)
+    t1 = time.perf_counter()
+    train, held = split_by_doc(samples, len(seqs), args.heldout_frac, args.seed)
+    meta["holdout"] = {"by": "sequence", "frac": args.heldout_frac, "seed": args.seed,
+                       "train_drafts": len(train), "heldout_drafts": len(held)}
+    table = CorpusTable.fit(train, cfg, prior_strength=args.prior_strength, fit_meta=meta)
+    table.heldout = heldout_metrics(table, held)
+    out = table.save(args.out)
+    print(f"{meta['sequences']} sequences, {meta['tokens']} tokens, {len(samples)} corpus drafts "
+          f"({len(train)} train / {len(held)} held out); replay {t1 - t0:.1f}s")
+    print("held-out metrics of the drafted tokens' q (tried tokens):")
+    print(_line("corpus q", table.heldout["raw"]))
+    print(_line("fitted", table.heldout["fitted"]))
+    print(f"wrote {out}")
+    CorpusTable.load(out)  # sanity: what was written loads back
+    return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -168,6 +224,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _fail("--source model needs --model DIR")
     if not 1 <= args.n_min <= args.n_max or args.max_draft < 1:
         return _fail("need 1 <= --n-min <= --n-max and --max-draft >= 1")
+    if args.candidate == "corpus":
+        return _fit_corpus(args)
     from .fit import fit_table, split_by_doc
     from .metrics import ECE_BINS, evaluate
     from .table import default_edges

@@ -154,7 +154,7 @@ class HybridPolicy:
                  online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
                  online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None,
                  two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
-                 model_tail: int = 0, model_agreement: bool = True) -> None:
+                 corpus_calibration="default", model_tail: int = 0, model_agreement: bool = True) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -184,7 +184,7 @@ class HybridPolicy:
         # The cross-request corpus, as HybridStep builds it (shared: the simulator has one tenant).
         self.corpus, self.corpus_cand = make_step_corpus(
             corpus, corpus_entries, num_slots=max_bs, max_bs=max_bs, width=max_draft, device="cpu",
-            backend="torch", online=online_calibration, strength=online_strength)
+            backend="torch", online=online_calibration, strength=online_strength, table=corpus_calibration)
         # The n-gram tail after the model chain (calibration/tail.py), as HybridStep builds it.
         self.tail = make_step_tail(model_tail if enable_ngram else 0, width=width, gamma=gamma, n_min=n_min,
                                    n_max=n_max, window=window, num_slots=max_bs, max_bs=max_bs, device="cpu",

@@ -53,6 +53,7 @@ class SimOptions:
     online_bins: int = HybridConfig.online_bins  # the recalibration's second stage, by the estimate's value
     corpus: str = HybridConfig.corpus  # hybrid: the cross-request corpus, "off" or "shared" (one tenant here)
     corpus_entries: int = HybridConfig.corpus_entries
+    corpus_calibration: str = HybridConfig.corpus_calibration  # hybrid: the corpus's fitted table (corpus_table.py)
     model_agreement: bool = HybridConfig.model_agreement  # hybrid: n-gram tokens re-priced beside the model chain
     two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
     model_tail: int = HybridConfig.model_tail  # hybrid: n-gram tail after the model chain (calibration/tail.py),
@@ -214,7 +215,8 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None, hy
                    online_calibration=opts.online_calibration, online_strength=opts.online_strength,
                    online_defer=opts.online_defer, online_bins=opts.online_bins, sps2d=sps2d,
                    two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries,
-                   model_tail=opts.model_tail, model_agreement=opts.model_agreement)
+                   corpus_calibration=opts.corpus_calibration, model_tail=opts.model_tail,
+                   model_agreement=opts.model_agreement)
     if name == ORACLE and opts.oracle:
         from .oracle import OraclePolicy
 

@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid: the cross-request n-gram corpus (every request's committed tokens, shared)")
     n.add_argument("--corpus-entries", type=int, default=HybridConfig.corpus_entries,
                    help="corpus table entries (a power of two)")
+    n.add_argument("--corpus-calibration", default=HybridConfig.corpus_calibration, metavar="default|none|FILE",
+                   help="hybrid: the corpus drafts' fitted odds-ratio table, as the plugin's corpus_calibration")
     n.add_argument("--n-min", type=int, default=2)
     n.add_argument("--n-max", type=int, default=8)
     n.add_argument("--num-iters", type=int, default=2)
@@ -138,7 +140,8 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         concentration=args.concentration, decay=args.decay, trace=args.trace, n_min=args.n_min, n_max=args.n_max,
         max_draft=args.max_draft, num_iters=args.num_iters, enable_ngram=not args.no_ngram,
         hybrid_verify=args.hybrid_verify, two_branch=args.two_branch, corpus=args.corpus,
-        corpus_entries=args.corpus_entries, model_tail=args.model_tail, model_agreement=args.model_agreement,
+        corpus_entries=args.corpus_entries, corpus_calibration=args.corpus_calibration, model_tail=args.model_tail,
+        model_agreement=args.model_agreement,
         online_calibration=HybridConfig.online_calibration if args.online_calibration is None
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,
