@@ -1,10 +1,21 @@
-"""JSON Lines input shared by the workload, trace and calibration readers."""
+"""JSON and JSON Lines input shared by the workload, trace, table and calibration readers."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Iterator
+
+
+def read_json(path: str | Path, what: str, error: type[Exception] = ValueError) -> object:
+    """The JSON value of a UTF-8 file; a missing or unreadable file raises ``error`` as ``"WHAT PATH: why"``."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{what} {p}: file not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{what} {p}: cannot read ({e})") from None
 
 
 def json_lines(path: str | Path, error: type[Exception] = ValueError) -> Iterator[tuple[str, object]]:

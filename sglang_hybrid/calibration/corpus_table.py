@@ -32,6 +32,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from ..jsonl_io import read_json
+
 __all__ = ["CorpusTable", "DeviceCorpusTable", "FORMAT", "COUNT_BUCKETS", "count_bucket", "heldout_metrics",
            "load_corpus_table", "DEFAULT_CORPUS_TABLE"]
 
@@ -151,12 +153,7 @@ class CorpusTable:
     def load(cls, path: str | Path) -> "CorpusTable":
         """Read a table; a missing, unreadable or malformed file raises ``ValueError`` naming it."""
         p = Path(path)
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ValueError(f"corpus calibration {p}: file not found") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"corpus calibration {p}: not a readable JSON file ({e})") from None
+        data = read_json(p, "corpus calibration")
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"corpus calibration {p}: not a corpus calibration (\"format\" must be {FORMAT!r}; "
                              "fit one with hybrid-spark calibrate --candidate corpus)")

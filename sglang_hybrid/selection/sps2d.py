@@ -22,7 +22,6 @@ JSON format (``format: sglang-hybrid-sps2d/1``)::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..jsonl_io import read_json
 from .sps import SpsTable, SpsTableError, dense_sps, roofline_probes, roofline_step_seconds
 
 FORMAT = "sglang-hybrid-sps2d/1"
@@ -77,14 +77,7 @@ class Sps2DTable:
 
 
 def load_sps2d_table(path: str | Path) -> Sps2DTable:
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpsTableError(f"2-D SPS table {p}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpsTableError(f"2-D SPS table {p}: cannot read ({e})") from None
-    return Sps2DTable.from_dict(data, source=str(p))
+    return Sps2DTable.from_dict(read_json(path, "2-D SPS table", SpsTableError), source=str(Path(path)))
 
 
 def roofline_sps2d_table(max_batch_tokens: int = 512 * 33, max_context_tokens: int = 1 << 23,
