@@ -104,6 +104,16 @@ def test_cli_model_source_with_a_tiny_llama(tmp_path, capsys):
     assert t.trials.sum() > 0
     obj = json.loads(out.read_text())
     assert [f["name"] for f in obj["features"]][-1] == "agree"
+    # The corpus's table from the same model's continuations (the model generates once more; no draft model).
+    rc = main(["--candidate", "corpus", "--source", "model", "--model", str(model_dir), "--corpus", str(corpus),
+               "--prompt-tokens", "64", "--max-new-tokens", "48", "--batch-size", "4", "--max-draft", "8",
+               "--out", str(tmp_path / "corpus.json")])
+    assert rc == 0, capsys.readouterr().err
+    from sglang_hybrid.calibration.corpus_table import CorpusTable
+
+    ct = CorpusTable.load(tmp_path / "corpus.json")
+    assert ct.fit_meta["source"] == "model" and ct.fit_meta["generation"]["max_new_tokens"] == 48
+    assert ct.max_draft == 8 and ct.fit_meta["drafts"] > 0
 
 
 def _requests_file(tmp_path, n=24):
