@@ -20,7 +20,7 @@
 #       --device cuda --out my_calibration.json --plot my_calibration.png
 # and points the plugin at it (option `calibration`, e.g. SGLANG_HYBRID_CALIBRATION=my_calibration.json).
 # The corpus table (option `corpus_calibration`) is fitted on the same two parts by replaying them through a
-# cross-request corpus (calibration/corpus_samples.py; about 6 minutes on 2 cores):
+# cross-request corpus (calibration/corpus_samples.py; up to an hour on 2 cores: the step's walks are long):
 #   hybrid-spark calibrate --candidate corpus --corpus stdlib my_requests.jsonl --out my_corpus_table.json
 set -euo pipefail
 cd "$(dirname "$0")/.."

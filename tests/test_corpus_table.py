@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hybrid.calibration.candidates import CorpusCandidate, make_step_corpus
+from sglang_hybrid.calibration.candidates import STEP_CORPUS_TAU, CorpusCandidate, corpus_config, make_step_corpus
 from sglang_hybrid.calibration.cli import main as calibrate_main
 from sglang_hybrid.calibration.corpus_samples import CorpusSamples, _score, corpus_samples
 from sglang_hybrid.calibration.corpus_table import (COUNT_BUCKETS, DEFAULT_CORPUS_TABLE, CorpusTable,
@@ -164,7 +164,10 @@ def test_a_table_for_another_corpus_is_refused():
 def test_shipped_default_loads_fits_the_step_corpus_and_improves_nothing_it_should_not():
     t = load_corpus_table("default")
     assert t.source == str(DEFAULT_CORPUS_TABLE)
-    t.check_corpus(CorpusConfig())
+    t.check_corpus(corpus_config("shared", 1 << 21, 1))  # the step's corpus, its walk cut included
+    assert t.corpus["tau"] == STEP_CORPUS_TAU != CorpusConfig().tau
+    with pytest.raises(ValueError, match="fitted for a corpus"):  # a stand-alone corpus walks differently
+        t.check_corpus(CorpusConfig())
     assert load_corpus_table("none") is None
     held = t.heldout
     assert held["fitted"]["log_loss"] < held["raw"]["log_loss"]
@@ -234,6 +237,7 @@ def test_calibrate_cli_fits_a_corpus_table_from_requests(tmp_path, capsys):
     assert "corpus q" in text and "fitted" in text
     t = CorpusTable.load(out)
     assert t.max_draft == 8 and t.fit_meta["corpus_requests"] == 40
+    assert t.corpus["tau"] == STEP_CORPUS_TAU  # fitted on the walks the step's corpus drafts
     assert t.heldout["fitted"]["events"] > 0
     HybridConfig(corpus="shared", corpus_calibration=str(out)).validate()
     assert calibrate_main(["--candidate", "corpus", "--corpus", str(reqs), "--corpus-entries", "1000",

@@ -115,14 +115,22 @@ class CorpusCandidate:
         return self.counters.counts()
 
 
+# The step's corpus walks stop once their survival falls below this. The step prices every drafted token (the
+# fitted table, then the online record) and the selection cuts the chain where a token no longer pays, so a
+# low kernel-side cut only gives the price longer walks to choose from; the stand-alone corpus
+# (``CorpusConfig.tau``, 0.25) has no price after it. Measured in the README ("The step's walk cut").
+STEP_CORPUS_TAU = 0.05
+
+
 def corpus_config(isolation: str, entries: int, insert_chunk: int):
-    """The ``CorpusConfig`` of a step (``None`` for ``"off"``): the insert buffers fit a whole verify."""
+    """The ``CorpusConfig`` of a step (``None`` for ``"off"``): the insert buffers fit a whole verify, and the
+    walks stop at ``STEP_CORPUS_TAU``. ``hybrid-spark calibrate --candidate corpus`` fits its table for it."""
     if isolation == "off":
         return None
     from ..ngram.corpus import CorpusConfig
 
-    return CorpusConfig(entries=entries, isolation=isolation, insert_chunk=max(CorpusConfig.insert_chunk,
-                                                                               int(insert_chunk)))
+    return CorpusConfig(entries=entries, isolation=isolation, tau=STEP_CORPUS_TAU,
+                        insert_chunk=max(CorpusConfig.insert_chunk, int(insert_chunk)))
 
 
 def make_step_corpus(isolation: str, entries: int, *, num_slots: int, max_bs: int, width: int, device,

@@ -178,16 +178,15 @@ def _line(tag: str, m: dict[str, Any]) -> str:
 
 def _fit_corpus(args: argparse.Namespace) -> int:
     """``--candidate corpus``: replay the sequences through a corpus, fit its odds-ratio table, write it."""
-    from sglang_hybrid.ngram.corpus import CorpusConfig
-
+    from .candidates import corpus_config
     from .corpus_samples import corpus_samples
     from .corpus_table import CorpusTable, heldout_metrics
     from .fit import split_by_doc
 
     if args.draft_model:
         return _fail("--draft-model: the corpus table has no 'agree' feature (it applies to --candidate ngram)")
-    cfg = CorpusConfig(entries=args.corpus_entries)
-    try:
+    try:  # the step's corpus (its walk cut included), so the table fits what the worker drafts
+        cfg = corpus_config("shared", args.corpus_entries, 1)
         cfg.validate()
     except ValueError as e:
         return _fail(f"--corpus-entries: {e}")

@@ -44,6 +44,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..calibration.candidates import STEP_CORPUS_TAU
 from ..ngram import NgramConfig, TokenHistory
 from ..ngram.corpus import CorpusConfig, NgramCorpus
 
@@ -90,7 +91,8 @@ class CombinedOptions:
     local: bool = True
     cap_by_match: float = 1.0
     cap_sources: str = "ngram"  # "ngram" (the per-request n-gram only) or "all"
-    corpus_tau: float = 0.05  # the corpora's kernel-side cut; the calibrated price cuts after it
+    corpus_tau: float = STEP_CORPUS_TAU  # the corpora's kernel-side cut, the step's; the calibrated price cuts after it
+    corpus_calibration: str = "none"  # the shared corpus's fitted table before the online stage (as the step's)
     price_share: float = 0.35  # the price is at least this share of the accepted / proposed rate (0 = off)
     price_memory: int = 8192  # steps the traffic's rate is averaged over (exponential memory)
     price_prior: float = 8.0  # a new request starts from the traffic's rate, weighted as this many proposed tokens
@@ -191,6 +193,16 @@ class _Replayer:
             self.q = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
             self.surv = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
             self._scratch = torch.zeros((1, K), dtype=torch.float32)
+            from ..calibration.corpus_table import load_corpus_table
+
+            fitted = load_corpus_table(opts.corpus_calibration)
+            if fitted is not None:
+                fitted.check_corpus(corpus_cfg)
+            self.ctable = None if fitted is None else fitted.to_device(1, K, "cpu")
+            self.ctable_local = None
+            import os
+            if fitted is not None and self.local is not None and os.environ.get("XLOCAL"):
+                self.ctable_local = fitted.to_device(1, K, "cpu")
         self._cands: tuple = ()
         self.price = TrafficPrice(opts.min_survival, opts.price_share, opts.price_memory, opts.price_prior)
 
@@ -216,6 +228,9 @@ class _Replayer:
         self.cal.apply(ng, None, self.prior[0], self._scratch)
         for src in range(1, len(cands)):  # the corpora: their own q is the prior
             self.prior[src].copy_(cands[src].q.float() / 65536.0)
+            tab = self.ctable if src == 1 else self.ctable_local
+            if tab is not None:
+                tab.apply(cands[src].match_len, cands[src].match_count, self.prior[src])
         best, pick = 0.0, None
         for src, d in enumerate(cands):
             self.online.estimate(src, d.length, d.match_len, d.match_count, self.prior[src], self.q[src],
@@ -316,6 +331,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-tau", type=float, default=None,
                    help=f"corpus survival threshold (default: {CorpusConfig.tau} for the corpus drafter, "
                         f"{d.corpus_tau} inside combined, whose calibrated price cuts after it)")
+    p.add_argument("--corpus-calibration", default=d.corpus_calibration, metavar="default|none|FILE",
+                   help="combined: the shared corpus's fitted table (hybrid-spark calibrate --candidate corpus) "
+                        "applied before the online calibration")
     p.add_argument("--min-survival", type=float, default=d.min_survival,
                    help="combined: cut a candidate where its calibrated survival falls below this (the price's "
                         "floor)")
@@ -357,7 +375,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     opts = CombinedOptions(min_survival=args.min_survival, n_max=args.combined_n_max, local=args.local_corpus,
                            cap_by_match=args.cap_by_match, cap_sources=args.cap_sources,
                            price_share=args.price_share, price_memory=args.price_memory,
-                           price_prior=args.price_prior,
+                           price_prior=args.price_prior, corpus_calibration=args.corpus_calibration,
                            corpus_tau=CombinedOptions.corpus_tau if args.corpus_tau is None else args.corpus_tau)
     try:
         cfg.validate()
