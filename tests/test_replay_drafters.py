@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sglang_hybrid.ngram.corpus import CorpusConfig
@@ -178,3 +179,34 @@ def test_combined_drafts_only_tokens_above_the_traffic_price() -> None:
         figures[share] = (t.proposed, max(prices))
     assert figures[0.0][1] == 0.05 and figures[1.0][1] > 0.3
     assert figures[1.0][0] < figures[0.0][0]
+
+
+def test_combined_applies_the_fitted_corpus_table_and_checks_it(tmp_path: Path, capsys, monkeypatch) -> None:
+    # Two requests with the same output: the second drafts it from the shared corpus. The table's odds ratio
+    # moves the shared corpus's prior (and only its), so a table that cuts every ratio to ~0 removes the
+    # corpus's drafts and one that leaves them at 1 keeps the plain replay's figures.
+    from sglang_hybrid.calibration.corpus_table import CorpusTable, load_corpus_table
+
+    rng = np.random.default_rng(0)
+    out = rng.integers(10, 300, 80).tolist()
+    recs = [([1, 2, 3], out), ([4, 5, 6], out)]
+    plain = rd.replay(recs, "combined", 8, opts=rd.CombinedOptions(local=False))
+    shipped = load_corpus_table("default")
+    one = CorpusTable(np.zeros_like(shipped.log_ratio), shipped.corpus)
+    cut = CorpusTable(np.full_like(shipped.log_ratio, -20.0), shipped.corpus)
+    tables = {"one": one, "cut": cut}
+    monkeypatch.setattr("sglang_hybrid.calibration.corpus_table.load_corpus_table",
+                        lambda spec: tables.get(spec) if spec in tables else load_corpus_table(spec))
+    same = rd.replay(recs, "combined", 8, opts=rd.CombinedOptions(local=False, corpus_calibration="one"))
+    gone = rd.replay(recs, "combined", 8, opts=rd.CombinedOptions(local=False, corpus_calibration="cut"))
+    assert plain["corpus_share_of_drafts"] > 0.2
+    assert (same["tokens_per_step"], same["proposed_per_step"]) == (plain["tokens_per_step"],
+                                                                    plain["proposed_per_step"])
+    assert gone["corpus_share_of_drafts"] < plain["corpus_share_of_drafts"] / 4
+    assert gone["tokens_per_step"] < plain["tokens_per_step"]
+    p = _write(tmp_path, "w", [([1, 2, 3], [1, 2, 3, 1, 2, 3])])
+    for argv, needle in ((["--corpus-calibration", str(tmp_path / "missing.json")], "missing.json"),
+                         (["--corpus-calibration", "default", "--corpus-n-max", "4"], "fitted for a corpus")):
+        assert rd.main(["--workload", str(p), "--drafters", "combined", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert "--corpus-calibration" in err and needle in err, (argv, err)

@@ -199,10 +199,6 @@ class _Replayer:
             if fitted is not None:
                 fitted.check_corpus(corpus_cfg)
             self.ctable = None if fitted is None else fitted.to_device(1, K, "cpu")
-            self.ctable_local = None
-            import os
-            if fitted is not None and self.local is not None and os.environ.get("XLOCAL"):
-                self.ctable_local = fitted.to_device(1, K, "cpu")
         self._cands: tuple = ()
         self.price = TrafficPrice(opts.min_survival, opts.price_share, opts.price_memory, opts.price_prior)
 
@@ -228,9 +224,8 @@ class _Replayer:
         self.cal.apply(ng, None, self.prior[0], self._scratch)
         for src in range(1, len(cands)):  # the corpora: their own q is the prior
             self.prior[src].copy_(cands[src].q.float() / 65536.0)
-            tab = self.ctable if src == 1 else self.ctable_local
-            if tab is not None:
-                tab.apply(cands[src].match_len, cands[src].match_count, self.prior[src])
+            if src == 1 and self.ctable is not None:  # the shared corpus (the table's own kind)
+                self.ctable.apply(cands[src].match_len, cands[src].match_count, self.prior[src])
         best, pick = 0.0, None
         for src, d in enumerate(cands):
             self.online.estimate(src, d.length, d.match_len, d.match_count, self.prior[src], self.q[src],
@@ -387,6 +382,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as e:
         print(f"replay-drafters: {e}", file=sys.stderr)
         return 2
+    if "combined" in drafters and opts.corpus_calibration != "none":
+        from ..calibration.corpus_table import load_corpus_table
+
+        try:  # a missing, malformed or mismatched table fails before any replay
+            load_corpus_table(opts.corpus_calibration).check_corpus(replace(cfg, tau=opts.corpus_tau))
+        except (OSError, ValueError) as e:
+            print(f"replay-drafters: --corpus-calibration: {e}", file=sys.stderr)
+            return 2
     if not args.json:
         print("| workload | K | drafter | tokens/step | proposed/step | steps with >= 1 accepted |")
         print("|---|---:|---|---:|---:|---:|")
