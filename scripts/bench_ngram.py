@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from sglang_hybrid.calibration.candidates import STEP_CORPUS_TAU  # noqa: E402
 from sglang_hybrid.ngram import NgramConfig, TokenHistory  # noqa: E402
 from sglang_hybrid.ngram.corpus import CorpusConfig, NgramCorpus  # noqa: E402
 
@@ -112,7 +113,7 @@ def bench_corpus_cell(bs: int, hist: int, device: torch.device, backend: str,
                       args: argparse.Namespace) -> tuple[float, float]:
     """``(lookup_us, insert_us)`` of the corpus for one configuration."""
     h = _make_table(bs, hist, device, backend if backend == "torch" else "auto", args.vocab, seed=bs * 31 + hist)
-    c = NgramCorpus(CorpusConfig(entries=args.corpus_entries), device, backend=backend, max_batch_size=bs,
+    c = NgramCorpus(CorpusConfig(entries=args.corpus_entries, tau=STEP_CORPUS_TAU), device, backend=backend, max_batch_size=bs,
                     max_draft=16)
     slots = torch.arange(bs, dtype=torch.int32, device=device)
     plen = torch.full((bs,), hist, dtype=torch.int32, device=device)
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     graph = ', CUDA graph replay' if args.cuda_graph else ''
     if args.corpus:
         print(f"n-gram corpus, device {name}, torch {torch.__version__}, entries={args.corpus_entries} "
-              f"n_max={CorpusConfig.n_max} max_draft=16, insert K={APPEND_K}; median of {args.repeats} (us){graph}")
+              f"n_max={CorpusConfig.n_max} tau={STEP_CORPUS_TAU} (the step's) max_draft=16, insert K={APPEND_K}; median of {args.repeats} (us){graph}")
     else:
         print(f"n-gram drafter, device {name}, torch {torch.__version__}, n_min=2 n_max=8 max_draft=16 window=0, "
               f"append K={APPEND_K}; median of {args.repeats} (us){graph}")
