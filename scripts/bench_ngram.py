@@ -113,8 +113,8 @@ def bench_corpus_cell(bs: int, hist: int, device: torch.device, backend: str,
                       args: argparse.Namespace) -> tuple[float, float]:
     """``(lookup_us, insert_us)`` of the corpus for one configuration."""
     h = _make_table(bs, hist, device, backend if backend == "torch" else "auto", args.vocab, seed=bs * 31 + hist)
-    c = NgramCorpus(CorpusConfig(entries=args.corpus_entries, tau=STEP_CORPUS_TAU), device, backend=backend, max_batch_size=bs,
-                    max_draft=16)
+    cfg = CorpusConfig(entries=args.corpus_entries, tau=STEP_CORPUS_TAU)
+    c = NgramCorpus(cfg, device, backend=backend, max_batch_size=bs, max_draft=16)
     slots = torch.arange(bs, dtype=torch.int32, device=device)
     plen = torch.full((bs,), hist, dtype=torch.int32, device=device)
     c.insert_prompt(h, slots, plen, max_prompt_len=min(hist, 4 * c.cfg.insert_chunk))  # something to find
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     graph = ', CUDA graph replay' if args.cuda_graph else ''
     if args.corpus:
         print(f"n-gram corpus, device {name}, torch {torch.__version__}, entries={args.corpus_entries} "
-              f"n_max={CorpusConfig.n_max} tau={STEP_CORPUS_TAU} (the step's) max_draft=16, insert K={APPEND_K}; median of {args.repeats} (us){graph}")
+              f"n_max={CorpusConfig.n_max} tau={STEP_CORPUS_TAU} (the step's) max_draft=16, insert K={APPEND_K}; "
+              f"median of {args.repeats} (us){graph}")
     else:
         print(f"n-gram drafter, device {name}, torch {torch.__version__}, n_min=2 n_max=8 max_draft=16 window=0, "
               f"append K={APPEND_K}; median of {args.repeats} (us){graph}")

@@ -165,12 +165,10 @@ def test_combined_drafts_only_tokens_above_the_traffic_price() -> None:
             p = rep.price.price()
             d = orig()
             prices.append(p)
-            if d[0]:  # the proposed draft is a prefix of one candidate's tokens; its survivals all >= p
-                for src, c in enumerate(rep._cands):
-                    n = len(d[0])
-                    if c.tokens[0, :n].tolist() == d[0]:
-                        checked.append(float(rep.surv[src][0, n - 1]) >= p)
-                        break
+            if d[0]:  # the proposed draft is a prefix of a candidate's tokens whose survivals are all >= p
+                n = len(d[0])  # (two sources may draft the same tokens at different survivals: one must pay)
+                checked.append(any(c.tokens[0, :n].tolist() == d[0] and float(rep.surv[src][0, n - 1]) >= p
+                                   for src, c in enumerate(rep._cands)))
             return d
 
         rep._propose = spy
@@ -190,13 +188,21 @@ def test_combined_applies_the_fitted_corpus_table_and_checks_it(tmp_path: Path, 
     rng = np.random.default_rng(0)
     out = rng.integers(10, 300, 80).tolist()
     recs = [([1, 2, 3], out), ([4, 5, 6], out)]
-    plain = rd.replay(recs, "combined", 8, opts=rd.CombinedOptions(local=False))
+    plain = rd.replay(recs, "combined", 8, opts=rd.CombinedOptions(local=False, corpus_calibration="none"))
+    from sglang_hybrid.config import HybridConfig
+
+    assert rd.CombinedOptions().corpus_calibration == HybridConfig().corpus_calibration  # priced as the step does
     shipped = load_corpus_table("default")
     one = CorpusTable(np.zeros_like(shipped.log_ratio), shipped.corpus)
     cut = CorpusTable(np.full_like(shipped.log_ratio, -20.0), shipped.corpus)
     tables = {"one": one, "cut": cut}
-    monkeypatch.setattr("sglang_hybrid.calibration.corpus_table.load_corpus_table",
-                        lambda spec: tables.get(spec) if spec in tables else load_corpus_table(spec))
+    loads = []
+
+    def fake_load(spec):
+        loads.append(spec)
+        return tables.get(spec) if spec in tables else load_corpus_table(spec)
+
+    monkeypatch.setattr("sglang_hybrid.calibration.corpus_table.load_corpus_table", fake_load)
     same = rd.replay(recs, "combined", 8, opts=rd.CombinedOptions(local=False, corpus_calibration="one"))
     gone = rd.replay(recs, "combined", 8, opts=rd.CombinedOptions(local=False, corpus_calibration="cut"))
     assert plain["corpus_share_of_drafts"] > 0.2
@@ -204,7 +210,16 @@ def test_combined_applies_the_fitted_corpus_table_and_checks_it(tmp_path: Path, 
                                                                     plain["proposed_per_step"])
     assert gone["corpus_share_of_drafts"] < plain["corpus_share_of_drafts"] / 4
     assert gone["tokens_per_step"] < plain["tokens_per_step"]
+    # A table handed in (as main does, having loaded and checked it once) is the one applied; not reloaded.
+    loads.clear()
+    handed = rd.replay(recs, "combined", 8, opts=rd.CombinedOptions(local=False, corpus_calibration="one"),
+                       corpus_table=cut)
+    assert loads == [] and handed["proposed_per_step"] == gone["proposed_per_step"]
     p = _write(tmp_path, "w", [([1, 2, 3], [1, 2, 3, 1, 2, 3])])
+    assert rd.main(["--workload", str(p), "--drafters", "combined", "--k", "2,4", "--json",
+                    "--corpus-calibration", "cut"]) == 0
+    assert loads == ["cut"]  # once for the whole run, not once per workload and K
+    capsys.readouterr()
     for argv, needle in ((["--corpus-calibration", str(tmp_path / "missing.json")], "missing.json"),
                          (["--corpus-calibration", "default", "--corpus-n-max", "4"], "fitted for a corpus")):
         assert rd.main(["--workload", str(p), "--drafters", "combined", *argv]) == 2, argv

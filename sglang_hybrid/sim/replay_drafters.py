@@ -15,7 +15,8 @@ Drafters (the project's own code on CPU, torch backends; no SGLang import):
             a per-request corpus (frequency over the request's own prompt and output, every order down to 1:
             SuffixDecoding's per-request tree). Each is priced by its online-calibrated survival
             (``calibration/candidate_online.py``: priors from the shipped n-gram table and from the corpora's
-            own q, corrected by the verify outcomes seen so far) and cut where the survival falls below the
+            own q, the shared corpus's through its fitted table (``corpus_calibration``, the step's default),
+            corrected by the verify outcomes seen so far) and cut where the survival falls below the
             price of a proposed token: the larger of ``min_survival`` (0.1 = SuffixDecoding's
             ``min_token_prob``) and ``price_share`` times what a proposed token earns (accepted / proposed: the
             running request's, starting from the traffic's over its last ``price_memory`` steps,
@@ -92,7 +93,7 @@ class CombinedOptions:
     cap_by_match: float = 1.0
     cap_sources: str = "ngram"  # "ngram" (the per-request n-gram only) or "all"
     corpus_tau: float = STEP_CORPUS_TAU  # the corpora's kernel-side cut, the step's; the calibrated price cuts after it
-    corpus_calibration: str = "none"  # the shared corpus's fitted table before the online stage (as the step's)
+    corpus_calibration: str = "default"  # the shared corpus's fitted table before the online stage, as the step's
     price_share: float = 0.35  # the price is at least this share of the accepted / proposed rate (0 = off)
     price_memory: int = 8192  # steps the traffic's rate is averaged over (exponential memory)
     price_prior: float = 8.0  # a new request starts from the traffic's rate, weighted as this many proposed tokens
@@ -160,7 +161,7 @@ class _Replayer:
     """One drafter over one workload at one K; a single history slot reused request after request."""
 
     def __init__(self, drafter: str, K: int, width: int, corpus_cfg: CorpusConfig,
-                 opts: CombinedOptions = CombinedOptions()) -> None:
+                 opts: CombinedOptions = CombinedOptions(), corpus_table=None) -> None:
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         self.drafter, self.K, self.opts = drafter, K, opts
@@ -195,7 +196,7 @@ class _Replayer:
             self._scratch = torch.zeros((1, K), dtype=torch.float32)
             from ..calibration.corpus_table import load_corpus_table
 
-            fitted = load_corpus_table(opts.corpus_calibration)
+            fitted = corpus_table if corpus_table is not None else load_corpus_table(opts.corpus_calibration)
             if fitted is not None:
                 fitted.check_corpus(corpus_cfg)
             self.ctable = None if fitted is None else fitted.to_device(1, K, "cpu")
@@ -287,9 +288,11 @@ class _Replayer:
 
 
 def replay(recs: Sequence[tuple[list[int], list[int]]], drafter: str, K: int,
-           corpus_cfg: Optional[CorpusConfig] = None, opts: CombinedOptions = CombinedOptions()) -> dict:
+           corpus_cfg: Optional[CorpusConfig] = None, opts: CombinedOptions = CombinedOptions(),
+           corpus_table=None) -> dict:
     """Replay one drafter at one K; returns the figures (plus ``per_request_steps``). ``corpus_cfg`` is the
-    shared corpus's (the ``combined`` drafter takes its ``tau`` from ``opts``)."""
+    shared corpus's (the ``combined`` drafter takes its ``tau`` from ``opts``). ``corpus_table``: the
+    ``CorpusTable`` named by ``opts.corpus_calibration``, already loaded (else it is loaded here)."""
     if K < 1:
         raise ValueError(f"K must be >= 1, got {K}")
     opts.validate()
@@ -297,7 +300,7 @@ def replay(recs: Sequence[tuple[list[int], list[int]]], drafter: str, K: int,
     width = max(len(p) + len(o) for p, o in recs) + 1
     width = (width + 63) // 64 * 64
     t0 = time.time()
-    t = _Replayer(drafter, K, width, corpus_cfg, opts).run(recs)
+    t = _Replayer(drafter, K, width, corpus_cfg, opts, corpus_table).run(recs)
     S = max(t.steps, 1)
     res = {"drafter": drafter, "K": K, "requests": len(recs), "output_tokens": t.out, "steps": t.steps,
            "tokens_per_step": t.out / S, "proposed_per_step": t.proposed / S, "accepted_per_step": t.accepted / S,
@@ -328,7 +331,8 @@ def _parser() -> argparse.ArgumentParser:
                         f"{d.corpus_tau} inside combined, whose calibrated price cuts after it)")
     p.add_argument("--corpus-calibration", default=d.corpus_calibration, metavar="default|none|FILE",
                    help="combined: the shared corpus's fitted table (hybrid-spark calibrate --candidate corpus) "
-                        "applied before the online calibration")
+                        "applied before the online calibration; default: the shipped table, as the step's "
+                        "(none = the corpus's own q)")
     p.add_argument("--min-survival", type=float, default=d.min_survival,
                    help="combined: cut a candidate where its calibrated survival falls below this (the price's "
                         "floor)")
@@ -382,13 +386,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as e:
         print(f"replay-drafters: {e}", file=sys.stderr)
         return 2
+    table = None  # loaded once here, checked before any replay, and handed to every replay
     if "combined" in drafters and opts.corpus_calibration != "none":
         from ..calibration.corpus_table import load_corpus_table
 
         try:  # a missing, malformed or mismatched table fails before any replay
-            load_corpus_table(opts.corpus_calibration).check_corpus(replace(cfg, tau=opts.corpus_tau))
+            table = load_corpus_table(opts.corpus_calibration)
+            table.check_corpus(replace(cfg, tau=opts.corpus_tau))
         except (OSError, ValueError) as e:
-            print(f"replay-drafters: --corpus-calibration: {e}", file=sys.stderr)
+            print(f"replay-drafters: --corpus-calibration: {e} (--corpus-calibration none: the corpus's own q)",
+                  file=sys.stderr)
             return 2
     if not args.json:
         print("| workload | K | drafter | tokens/step | proposed/step | steps with >= 1 accepted |")
@@ -397,7 +404,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         recs = load_workload(path, args.limit)
         for K in ks:
             for d in drafters:
-                res = replay(recs, d, K, cfg, opts)
+                res = replay(recs, d, K, cfg, opts, table)
                 res["workload"] = path
                 if args.json:
                     if not args.per_request:
