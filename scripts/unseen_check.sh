@@ -6,7 +6,7 @@
 #   3. with the peer built by ../shared/peers/suffix-decoding/README.md (.peer-work/venv), SuffixDecoding on the
 #      same files, and one table of both.
 # Run from the project root with its .venv made. Needs the package index (pip download of 34 sdists, cached).
-# usage: bash scripts/unseen_check.sh [OUT_DIR]    (default /tmp/unseen-check; about 35 minutes on 2 cores)
+# usage: bash scripts/unseen_check.sh [OUT_DIR]    (default /tmp/unseen-check; about 20 minutes on 2 cores)
 # Environment: BATCH_SIZES (default 4,32, the goals'), REPLAY_ARGS (extra replay-drafters options),
 # PEER_WORK (the peer's build, default ./.peer-work). Rerunning with the same OUT_DIR reuses the workloads.
 set -euo pipefail
@@ -54,7 +54,8 @@ peer=${PEER_WORK:-$PWD/.peer-work}
 if [ -x "$peer/venv/bin/python" ]; then
   echo "== SuffixDecoding on the same files ($peer)" >&2
   bash ../shared/peers/suffix-decoding/run_all.sh "u_chat=$OUT/workloads/chat.jsonl" \
-    "u_code_edit=$OUT/workloads/code_edit.jsonl" > "$OUT/peer.log" 2>&1
+    "u_code_edit=$OUT/workloads/code_edit.jsonl" > "$OUT/peer.log" 2>&1 ||
+    { echo "unseen_check: the peer's run failed; see $OUT/peer.log" >&2; exit 1; }
 else
   echo "== no peer build at $peer: the replay table shows ours only" >&2
 fi
