@@ -7,6 +7,9 @@ two knobs on the same tokenized workloads and asks, per workload and K:
 
 * the peer's default point (the issue's goal: ours has at least its tokens with no more proposals);
 * the peer's best at our budget: the most tokens any grid setting reaches with no more proposals than ours;
+* the peer's envelope at our proposals: the most tokens a mix of two settings reaches at exactly our proposals
+  (each request run at one of the two, in the proportion that spends our proposals; read as the straight line
+  between the two points), so a grid too coarse for a single setting to land near ours does not flatter us;
 * which settings dominate ours (at least our tokens and no more proposals); none means no setting of the
   grid is ahead of ours.
 
@@ -24,6 +27,7 @@ drafter's lines are read). Environment: ``PEER_WORK`` (default ``./.peer-work``)
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -47,6 +51,20 @@ def compare(ours: tuple[float, float], points: list[tuple[tuple[float, float], f
     return {"best_at_budget": best,
             "dominating": [x for x in points if x[1] >= t and x[2] <= p],
             "default": next((x for x in points if x[0] == DEFAULT), None)}
+
+
+def envelope(points: list[tuple[tuple[float, float], float, float]], proposed: float) -> float | None:
+    """The most tokens per step a mix of at most two of ``points`` reaches with ``proposed`` proposals per step:
+    a single point at or under ``proposed``, or the line between two points on either side of it. None when
+    every point proposes more."""
+    best = max((t for _, t, p in points if p <= proposed), default=None)
+    for (_, t0, p0), (_, t1, p1) in itertools.combinations(points, 2):
+        if p0 > p1:
+            t0, p0, t1, p1 = t1, p1, t0, p0
+        if p0 <= proposed <= p1 and p1 > p0:
+            t = t0 + (t1 - t0) * (proposed - p0) / (p1 - p0)
+            best = t if best is None else max(best, t)
+    return best
 
 
 def read_ours(path: str) -> dict[int, tuple[float, float]]:
@@ -84,6 +102,8 @@ def main(argv=None) -> int:
                     help="a workload tokenized under NAME in PEER_WORK/tok, and our replay-drafters --json file")
     ap.add_argument("--min-prob", type=_floats, default=[0.03, 0.05, 0.07, 0.1, 0.13, 0.16, 0.2, 0.3])
     ap.add_argument("--factor", type=_floats, default=[0.5, 1.0, 2.0])
+    ap.add_argument("--reuse", action="store_true",
+                    help="skip a setting whose result files already exist (after a change of tokens, rerun without)")
     args = ap.parse_args(argv)
     work = Path(os.environ.get("PEER_WORK", ROOT / ".peer-work")).resolve()
     if not (work / "venv" / "bin" / "python").exists():
@@ -97,22 +117,30 @@ def main(argv=None) -> int:
             raise SystemExit(f"--ours {name}: {work}/tok/{name}.jsonl is missing (tokenize it with run_all.sh)")
         ours[name] = read_ours(path)
     grid = sorted({(p, f) for p in args.min_prob for f in args.factor} | {DEFAULT})
+    def result(p: float, f: float, name: str, K: int) -> Path:
+        return work / "results" / f"suffix-global{tag(p, f)}_{name}_{K}.json"
+
     for i, (p, f) in enumerate(grid):
+        if args.reuse and all(result(p, f, n, K).exists() for n in ours for K in (8, 16)):
+            continue
         print(f"peer point {i + 1}/{len(grid)}: min_token_prob {p:g}, max_spec_factor {f:g}", file=sys.stderr)
         run_peer(work, list(ours), p, f)
-    print("| workload | K | ours | peer default | peer's best at our proposals | settings ahead of ours |")
-    print("|---|---:|---|---|---|---|")
+    print("| workload | K | ours | peer default | peer's best at our proposals | peer's envelope there | "
+          "settings ahead of ours |")
+    print("|---|---:|---|---|---|---|---|")
     for name, by_k in ours.items():
         for K, (t, pr) in sorted(by_k.items()):
             pts = []
             for p, f in grid:
-                r = json.load(open(work / "results" / f"suffix-global{tag(p, f)}_{name}_{K}.json"))
+                r = json.load(open(result(p, f, name, K)))
                 pts.append(((p, f), r["tokens_per_step"], r["proposed_per_step"]))
             c = compare((t, pr), pts)
             d, b = c["default"], c["best_at_budget"]
             best = "none within" if b is None else f"{b[1]:.4f} / {b[2]:.4f} ({t / b[1] - 1:+.2%} ours)"
             ahead = ", ".join(f"p{x[0][0]:g} f{x[0][1]:g}" for x in c["dominating"]) or "none"
-            print(f"| {name} | {K} | {t:.4f} / {pr:.4f} | {d[1]:.4f} / {d[2]:.4f} | {best} | {ahead} |")
+            e = envelope(pts, pr)
+            env = "none within" if e is None else f"{e:.4f} ({t / e - 1:+.2%} ours)"
+            print(f"| {name} | {K} | {t:.4f} / {pr:.4f} | {d[1]:.4f} / {d[2]:.4f} | {best} | {env} | {ahead} |")
     return 0
 
 

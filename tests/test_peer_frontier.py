@@ -70,3 +70,33 @@ def test_main_refuses_without_a_peer_build(tmp_path, monkeypatch):
     monkeypatch.setenv("PEER_WORK", str(tmp_path))
     with pytest.raises(SystemExit, match="no peer build"):
         m.main(["--ours", f"x={tmp_path / 'r.jsonl'}"])
+
+
+def test_envelope_is_the_best_mix_of_two_settings():
+    m = _mod()
+    pts = [((0.3, 1.0), 1.0, 1.0), ((0.1, 1.0), 2.0, 3.0), ((0.05, 2.0), 1.5, 2.5)]
+    assert m.envelope(pts, 0.5) is None  # every setting proposes more
+    assert m.envelope(pts, 1.0) == pytest.approx(1.0)
+    assert m.envelope(pts, 2.0) == pytest.approx(1.5)  # halfway between (1, 1) and (3, 2), above (2.5, 1.5)'s reach
+    assert m.envelope(pts, 2.5) == pytest.approx(1.75)  # the line (1, 1)-(3, 2) beats the point (2.5, 1.5)
+    assert m.envelope(pts, 9.0) == pytest.approx(2.0)  # past every point: the best single one
+    # a dense brute force: the envelope at p is the max over all pairs of mixes spending exactly p, or points under p
+    import random
+
+    rng = random.Random(1)
+    for _ in range(100):
+        pts = [((0.1, 1.0), rng.uniform(1, 2), rng.uniform(1, 2)) for _ in range(rng.randint(1, 5))]
+        p = rng.uniform(0.9, 2.1)
+        cands = [t for _, t, q in pts if q <= p]
+        for (_, ta, qa) in pts:
+            for (_, tb, qb) in pts:
+                for k in range(1001):
+                    w = k / 1000
+                    q = w * qa + (1 - w) * qb
+                    if abs(q - p) < 1e-3 * abs(qa - qb) + 1e-12 and q <= p + 1e-9:
+                        cands.append(w * ta + (1 - w) * tb)
+        e = m.envelope(pts, p)
+        if not cands:
+            assert e is None
+        else:
+            assert e == pytest.approx(max(cands), abs=2e-3)
