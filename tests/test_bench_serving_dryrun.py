@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_loader import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "bench_serving.py"
 
@@ -49,12 +51,7 @@ def test_dry_run_checks_out(good):
 
 
 def test_dry_run_rejects_an_unknown_server_flag(capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_serving", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_serving"] = mod  # dataclasses need the module registered
-    spec.loader.exec_module(mod)
+    mod = load_script("bench_serving", SCRIPT)
     rc = mod.main(["--dry-run", "--model", "m", "--draft-model", "d", "--policies", "ngram", "--concurrency", "4",
                    "--extra-server-args", "--no-such-flag 1"])
     assert rc == 1

@@ -4,20 +4,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import types
 from pathlib import Path
 
 import torch
 
+from tests.script_loader import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_step", ROOT / "scripts" / "bench_step.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_step")
 
 
 def _args(**kw):

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 
 def _mod():
-    spec = importlib.util.spec_from_file_location("cpu_smoke", ROOT / "scripts" / "cpu_smoke.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("cpu_smoke")
 
 
 def test_dspark_runs_resolve_their_draft_mode_and_table():

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_loader import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 SECTIONS = ["env", "wheels", "tests_calibration", "tests_ngram", "tests_step_graphs", "bench_step", "bench_corpus_graph", "tests_selection", "bench_ngram",
@@ -156,10 +158,7 @@ def test_time_box_and_budget(tmp_path: Path) -> None:
 
 
 def _load_e2e():
-    spec = importlib.util.spec_from_file_location("gpu_e2e_check", ROOT / "scripts" / "gpu_e2e_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_e2e_check")
 
 
 def test_e2e_check_skips_without_sglang(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

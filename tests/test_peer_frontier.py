@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.script_loader import load_script
 
 
 def _mod():
-    spec = importlib.util.spec_from_file_location("peer_frontier", ROOT / "scripts" / "peer_frontier.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("peer_frontier")
 
 
 def test_compare_finds_best_within_budget_and_dominating_points():

@@ -4,7 +4,6 @@ on hand-made workloads whose step counts are known."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from sglang_hybrid.ngram.corpus import CorpusConfig
 from sglang_hybrid.sim import replay_drafters as rd
+from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 WL = ROOT / "sglang_hybrid" / "data" / "workloads"
@@ -34,9 +34,7 @@ def test_ngram_figures_equal_the_peer_harness(tmp_path: Path, monkeypatch, name:
     (tmp_path / "tok").mkdir()
     _write(tmp_path / "tok", "slice", recs)
     monkeypatch.setenv("PEER_WORK", str(tmp_path))
-    spec = importlib.util.spec_from_file_location("peer_replay_ngram", PEER / "replay_ngram.py")
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = load_script("peer_replay_ngram", PEER / "replay_ngram.py")
     theirs = peer.replay("slice", K)
     ours = rd.replay(recs, "ngram", K)
     assert ours["per_request_steps"] == theirs["per_request_steps"]
