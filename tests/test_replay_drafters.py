@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from sglang_hybrid.ngram.corpus import CorpusConfig
 from sglang_hybrid.sim import replay_drafters as rd
@@ -88,6 +89,33 @@ def test_combined_local_corpus_drafts_a_one_token_context_from_the_prompt() -> N
     assert on["per_request_steps"] == [5]
 
 
+def test_combined_local_corpus_holds_only_the_running_request() -> None:
+    """The per-request corpus starts empty at every request (it once kept every earlier request's text in a
+    fixed table, which filled up), and is sized so that the longest request fills at most half of it."""
+    recs = [(list(range(100 * i, 100 * i + 30)), list(range(100 * i + 50, 100 * i + 70))) for i in range(5)]
+    rep = rd._Replayer("combined", 8, 64, CorpusConfig(entries=1 << 12), rd.CombinedOptions())
+    assert rep.local.cfg.entries >= 2 * rep.local.cfg.n_max * 64
+    before, orig = [], rep.local.insert_prompt
+
+    def spy(*a, **kw):
+        before.append(int((rep.local.cnt > 0).sum()))
+        return orig(*a, **kw)
+
+    rep.local.insert_prompt = spy
+    rep.run(recs)
+    assert before == [0] * 5
+    # The table ends holding what a replay of the last request alone holds. (Earlier requests with no output
+    # give it the same request index, which the hash reads; (token, count) entries compared as multisets.)
+    last = rd._Replayer("combined", 8, 64, CorpusConfig(entries=1 << 12), rd.CombinedOptions())
+    last.run([(p, []) for p, _ in recs[:-1]] + recs[-1:])
+
+    def entries(c):
+        used = c.cnt > 0
+        return sorted(zip(c.tok[used].tolist(), c.cnt[used].tolist()))
+
+    assert entries(rep.local) == entries(last.local) and len(entries(last.local)) > 100
+
+
 def test_combined_cap_by_match_bounds_the_per_request_ngram() -> None:
     """After "1 2" (a 2-token match into the prompt) the per-request n-gram would copy 8 tokens; capped at
     ``cap_by_match`` x its match length it proposes 2 (1.0) or 4 (2.0), and every n-gram draft of the run stays
@@ -120,7 +148,8 @@ def test_combined_options_are_checked(tmp_path: Path, capsys) -> None:
     for argv, needle in ((["--cap-by-match", "-1"], "--cap-by-match"), (["--min-survival", "0"], "--min-survival"),
                          (["--combined-n-max", "1"], "--combined-n-max"), (["--corpus-tau", "2"], "tau"),
                          (["--price-share", "1.5"], "--price-share"), (["--price-memory", "0"], "--price-memory"),
-                         (["--price-prior", "-1"], "--price-prior")):
+                         (["--price-prior", "-1"], "--price-prior"),
+                         (["--request-strength", "-1"], "--request-strength")):
         assert rd.main(["--workload", str(p), *argv]) == 2, argv
         assert needle in capsys.readouterr().err, argv
     with pytest.raises(ValueError, match="cap-sources"):
@@ -223,3 +252,42 @@ def test_combined_applies_the_fitted_corpus_table_and_checks_it(tmp_path: Path, 
         assert rd.main(["--workload", str(p), "--drafters", "combined", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert "--corpus-calibration" in err and needle in err, (argv, err)
+
+
+def test_combined_corrects_each_candidate_by_its_requests_own_odds_ratio() -> None:
+    """Every candidate's survival is its cell estimate with the odds shifted by ``R = (O + 2) / (E + 2)``, the
+    sums over that request's earlier candidates of that source (brute force here), from R = 1 at its start."""
+    recs = [([i, 50 + i, 7, 8, 9, 10, 11, 12, 13, 7, 8], [7, 8, 9, 10, 40 + i, 7, 8, 9, 11, 12, 13, 7, 8, 9, 10])
+            for i in range(6)]
+    rep = rd._Replayer("combined", 8, 64, CorpusConfig(entries=1 << 12), rd.CombinedOptions(request_strength=2.0))
+    seen, orig_p, orig_l = [], rep._propose, rep._learn
+
+    def propose():
+        d = orig_p()
+        seen.append([int(rep.tenant[0]), [(c.tokens[0].tolist(), int(c.length[0]), rep.q[s][0].clone(),
+                                            rep.surv[s][0].clone()) for s, c in enumerate(rep._cands)], None])
+        return d
+
+    def learn():
+        seen[-1][2] = rep.new[0, : int(rep.cnt[0])].tolist()
+        orig_l()
+
+    rep._propose, rep._learn = propose, learn
+    rep.run(recs)
+    sums: dict = {}
+    shifted = 0
+    for rid, cands, truth in seen:
+        for s, (tok, n, q, surv) in enumerate(cands):
+            o, e = sums.get((rid, s), (0.0, 0.0))
+            r = (o + 2.0) / (e + 2.0)
+            want = torch.cumprod(q * r / (1 + q * (r - 1)), 0)
+            assert torch.allclose(surv, want, atol=1e-6), (rid, s)
+            shifted += n > 0 and abs(r - 1) > 1e-3
+            for j in range(min(n, len(truth))):
+                if tok[j] == truth[j]:
+                    o += 1.0 - float(q[j])
+                else:
+                    e += float(q[j])
+                    break
+            sums[(rid, s)] = (o, e)
+    assert shifted > 10 and len({rid for rid, _, _ in seen}) == 6

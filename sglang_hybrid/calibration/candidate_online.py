@@ -17,7 +17,9 @@ accept if it matched. Positions past the known tokens are not counted (censored)
 
 Sources: ``0`` = per-request n-gram (``NgramDraft``), ``1`` = corpus (``CorpusDraft``). Features: ``match_len``
 clamped to ``[0, 15]``, ``match_count`` bucketed by ``floor(log2)`` into ``[0, 7]``, position ``1 .. max_draft``.
-Memory: ``2 * 16 * 8 * max_draft * 3`` float32. Both calls are fixed-shape torch ops on preallocated state
+``RequestOddsRatio`` then corrects each request's candidates by that request's own record (the odds-ratio
+layer of the worker's ``online.py``), so traffic that mixes kinds (chat beside code edits) is not priced by
+their blend. Memory: ``2 * 16 * 8 * max_draft * 3`` float32. Both calls are fixed-shape torch ops on preallocated state
 (no host synchronisation; the per-call temporaries are small ``[bs, D]`` tensors).
 """
 
@@ -25,9 +27,21 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["OnlineCalibration"]
+__all__ = ["OnlineCalibration", "RequestOddsRatio"]
 
 _ML, _CB = 16, 8
+
+
+def _tried(tokens: torch.Tensor, length: torch.Tensor, truth: torch.Tensor, truth_len: torch.Tensor,
+           pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(trial, accepted) ``[bs, D]``: token ``j`` is a trial if it was drafted, the truth is known there and
+    tokens ``0..j-1`` matched; accepted if it matched too."""
+    D = tokens.shape[1]
+    known = (pos < length.long()[:, None]) & (pos < truth_len.long()[:, None])
+    eq = (tokens.long() == truth[:, :D].long()) & known
+    before = torch.cumprod(torch.cat([torch.ones_like(eq[:, :1]), eq[:, :-1]], 1).to(torch.int32), 1).bool()
+    trial = known & before
+    return trial, trial & eq
 
 
 class OnlineCalibration:
@@ -68,13 +82,53 @@ class OnlineCalibration:
         """Score a candidate (``tokens [bs, D]``, ``length``, its ``prior [bs, D]``) against the produced
         tokens ``truth [bs, >=D]`` (valid up to ``truth_len``); add its trials, accepts and predicted accepts."""
         D = tokens.shape[1]
-        pos = self._pos[None, :D]
-        known = (pos < length.long()[:, None]) & (pos < truth_len.long()[:, None])
-        eq = (tokens.long() == truth[:, :D].long()) & known
-        before = torch.cumprod(torch.cat([torch.ones_like(eq[:, :1]), eq[:, :-1]], 1).to(torch.int32), 1).bool()
-        trial = known & before
+        trial, eq = _tried(tokens, length, truth, truth_len, self._pos[None, :D])
         cell = self._cells(source, match_len, match_count, D)
         self.trials.view(-1).scatter_add_(0, cell.reshape(-1), trial.reshape(-1).float())
         self.accepts.view(-1).scatter_add_(0, cell.reshape(-1), (trial & eq).reshape(-1).float())
         self.predicted.view(-1).scatter_add_(0, cell.reshape(-1),
                                              torch.where(trial, prior[:, :D].float(), 0.0).reshape(-1))
+
+
+class RequestOddsRatio:
+    """How each request's candidates fare against the estimates they were priced with, per source.
+
+    The cells above are the traffic's: in mixed traffic they blend chat (few copies) with code edits (long ones),
+    so each kind is mis-priced the other's way. Per request (row) and source the layer keeps the
+    Mantel-Haenszel sums of the worker's per-request record (``online.py``) over every tried token,
+    ``E = sum q (1 - y)`` and ``O = sum (1 - q) y`` with ``q`` the estimate it corrects, and shifts that
+    estimate's odds by ``R = (O + s) / (E + s)``: no evidence gives ``R = 1`` (bit for bit the input), and a
+    request's own ratio takes over as its evidence grows. ``reset`` at a new request. Memory
+    ``2 * sources * rows`` float32; fixed-shape torch ops, no host read.
+    """
+
+    def __init__(self, sources: int, rows: int, max_draft: int, device, strength: float = 2.0) -> None:
+        if not strength > 0:
+            raise ValueError(f"strength must be > 0, got {strength}")
+        self.s = float(strength)
+        self.O = torch.zeros((sources, rows), dtype=torch.float32, device=device)
+        self.E = torch.zeros((sources, rows), dtype=torch.float32, device=device)
+        self._pos = torch.arange(max_draft, device=device)
+
+    def reset(self, rows: torch.Tensor) -> None:
+        self.O[:, rows] = 0.0
+        self.E[:, rows] = 0.0
+
+    def ratio(self, source: int) -> torch.Tensor:
+        return (self.O[source] + self.s) / (self.E[source] + self.s)
+
+    def apply(self, source: int, q: torch.Tensor, out_q: torch.Tensor, out_survival: torch.Tensor) -> None:
+        """``out_q = odds^-1(odds(q) R)`` per row, ``out_survival`` its running product (``q [bs, D]``)."""
+        r = self.ratio(source)[: q.shape[0], None]
+        out_q.copy_(q * r / (1.0 + q * (r - 1.0)))
+        out_survival.copy_(torch.cumprod(out_q, dim=1))
+
+    def update(self, source: int, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
+               truth: torch.Tensor, truth_len: torch.Tensor) -> None:
+        """Score a candidate priced ``q [bs, D]`` (before this layer) against the produced tokens."""
+        D = tokens.shape[1]
+        trial, ok = _tried(tokens, length, truth, truth_len, self._pos[None, :D])
+        qf = q[:, :D].float()
+        bs = tokens.shape[0]
+        self.O[source, :bs] += torch.where(ok, 1.0 - qf, 0.0).sum(1)
+        self.E[source, :bs] += torch.where(trial & ~ok, qf, 0.0).sum(1)

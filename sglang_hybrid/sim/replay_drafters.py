@@ -13,10 +13,12 @@ Drafters (the project's own code on CPU, torch backends; no SGLang import):
   combined  up to three candidates: the per-request n-gram (recency, suffixes up to ``n_max`` 32), the shared
             corpus (frequency, earlier requests' outputs and the running one's) and, with ``local`` (default),
             a per-request corpus (frequency over the request's own prompt and output, every order down to 1:
-            SuffixDecoding's per-request tree). Each is priced by its online-calibrated survival
-            (``calibration/candidate_online.py``: priors from the shipped n-gram table and from the corpora's
-            own q, the shared corpus's through its fitted table (``corpus_calibration``, the step's default),
-            corrected by the verify outcomes seen so far) and cut where the survival falls below the
+            SuffixDecoding's per-request tree; cleared at every request). Each is priced by its
+            online-calibrated survival (``calibration/candidate_online.py``: priors from the shipped n-gram
+            table and from the corpora's own q, the shared corpus's through its fitted table
+            (``corpus_calibration``, the step's default), corrected by the verify outcomes seen so far: per
+            cell of the traffic, then by the running request's own odds ratio, ``request_strength``, as the
+            worker's per-request record) and cut where the survival falls below the
             price of a proposed token: the larger of ``min_survival`` (0.1 = SuffixDecoding's
             ``min_token_prob``) and ``price_share`` times what a proposed token earns (accepted / proposed: the
             running request's, starting from the traffic's over its last ``price_memory`` steps,
@@ -97,6 +99,7 @@ class CombinedOptions:
     price_share: float = 0.35  # the price is at least this share of the accepted / proposed rate (0 = off)
     price_memory: int = 8192  # steps the traffic's rate is averaged over (exponential memory)
     price_prior: float = 8.0  # a new request starts from the traffic's rate, weighted as this many proposed tokens
+    request_strength: float = 2.0  # the per-request odds-ratio layer's prior strength (0 = off), as the worker's
 
     def validate(self) -> None:
         if not 0.0 < self.min_survival <= 1.0:
@@ -115,6 +118,8 @@ class CombinedOptions:
             raise ValueError(f"--price-memory must be >= 1, got {self.price_memory}")
         if self.price_prior < 0:
             raise ValueError(f"--price-prior must be >= 0, got {self.price_prior}")
+        if self.request_strength < 0:
+            raise ValueError(f"--request-strength must be >= 0 (0 = off), got {self.request_strength}")
 
 
 class TrafficPrice:
@@ -178,10 +183,14 @@ class _Replayer:
         if drafter != "ngram":
             self.corpus = NgramCorpus(corpus_cfg, "cpu", backend="torch", max_batch_size=1, max_draft=K)
         if drafter == "combined" and opts.local:
-            # Its own table (a deployment would key it by a per-request tenant in the shared one); prompts in.
-            lcfg = replace(corpus_cfg, isolation="tenant", insert_prompts=True, entries=1 << 18)
+            # Its own table, cleared at every request (a deployment would key it by a per-request tenant in the
+            # shared one); prompts in. Sized for the longest request, every order of every token, at most half
+            # full: never cleared, a fixed 2^18 entries filled up with earlier requests' text (99% on the
+            # mixed streams) and crowded out the running request's own.
+            lcfg = replace(corpus_cfg, isolation="tenant", insert_prompts=True,
+                           entries=max(1 << 12, 1 << (2 * corpus_cfg.n_max * width - 1).bit_length()))
             self.local = NgramCorpus(lcfg, "cpu", backend="torch", max_batch_size=1, max_draft=K)
-        self.cal = None
+        self.cal = self.req_cal = None
         if drafter == "combined":
             from ..calibration import CalibrationTable
 
@@ -190,6 +199,10 @@ class _Replayer:
             self.cal = CalibrationTable.load_default().to_device("cpu")
             ns = 3 if self.local is not None else 2
             self.online = OnlineCalibration(K, "cpu", sources=ns)
+            if opts.request_strength > 0:
+                from ..calibration.candidate_online import RequestOddsRatio
+
+                self.req_cal = RequestOddsRatio(ns, 1, K, "cpu", strength=opts.request_strength)
             self.prior = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
             self.q = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
             self.surv = [torch.zeros((1, K), dtype=torch.float32) for _ in range(ns)]
@@ -231,6 +244,8 @@ class _Replayer:
         for src, d in enumerate(cands):
             self.online.estimate(src, d.length, d.match_len, d.match_count, self.prior[src], self.q[src],
                                  self.surv[src])
+            if self.req_cal is not None:  # the request's own odds ratio on top of the traffic's cells
+                self.req_cal.apply(src, self.q[src], self._scratch, self.surv[src])
             sv = self.surv[src][0]
             keep = int((sv >= price).sum())  # survivals fall along the draft: a prefix
             if o.cap_by_match > 0 and (src == 0 or o.cap_sources == "all"):
@@ -246,15 +261,21 @@ class _Replayer:
         for src, d in enumerate(self._cands):
             self.online.update(src, d.tokens, d.length, d.match_len, d.match_count, self.prior[src], self.new,
                                self.cnt)
+            if self.req_cal is not None:
+                self.req_cal.update(src, d.tokens, d.length, self.q[src], self.new, self.cnt)
 
     def run(self, recs: Sequence[tuple[list[int], list[int]]]) -> _Tally:
         t = _Tally()
         for rid, (prompt, out) in enumerate(recs):
             self.tenant[0] = rid
             self.price.new_request()
+            if self.req_cal is not None:
+                self.req_cal.reset(self.slot)
             p = torch.tensor([prompt], dtype=torch.int32) if prompt else torch.zeros((1, 1), dtype=torch.int32)
             self.hist.write_prompt(self.slot, p, torch.tensor([len(prompt)], dtype=torch.int32))
             plen = torch.tensor([len(prompt)], dtype=torch.int32)
+            if self.local is not None:
+                self.local.reset()  # the request's own text only
             for c in (self.corpus, self.local):
                 if c is not None and c.cfg.insert_prompts and prompt:
                     c.insert_prompt(self.hist, self.slot, plen, self.tenant)
@@ -296,7 +317,7 @@ def replay(recs: Sequence[tuple[list[int], list[int]]], drafter: str, K: int,
     if K < 1:
         raise ValueError(f"K must be >= 1, got {K}")
     opts.validate()
-    corpus_cfg = corpus_cfg or CorpusConfig(entries=1 << 20)
+    corpus_cfg = corpus_cfg or CorpusConfig()  # the step's default size (2^21 entries)
     width = max(len(p) + len(o) for p, o in recs) + 1
     width = (width + 63) // 64 * 64
     t0 = time.time()
@@ -319,7 +340,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=0, help="replay only the first N records (0 = all)")
     p.add_argument("--json", action="store_true", help="print one JSON object per line")
     p.add_argument("--per-request", action="store_true", help="include per-request step counts in --json")
-    p.add_argument("--corpus-entries", type=int, default=1 << 20, help="corpus table entries (power of two)")
+    p.add_argument("--corpus-entries", type=int, default=CorpusConfig.entries,
+                   help="corpus table entries (power of two; default the step's)")
     p.add_argument("--corpus-n-max", type=int, default=CorpusConfig.n_max)
     p.add_argument("--corpus-prompts", action="store_true", help="also insert prompts into the corpus")
     p.add_argument("--corpus-isolation", default="shared", choices=("shared", "tenant"),
@@ -352,6 +374,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="combined: a capped candidate drafts at most this times its match length (0 = no cap)")
     p.add_argument("--cap-sources", default=d.cap_sources, choices=("ngram", "all"),
                    help="combined: which candidates the cap applies to")
+    p.add_argument("--request-strength", type=float, default=d.request_strength,
+                   help="combined: prior strength of each request's own odds-ratio correction on top of the "
+                        "traffic's calibration cells, per source (0 = off)")
     return p
 
 
@@ -374,7 +399,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     opts = CombinedOptions(min_survival=args.min_survival, n_max=args.combined_n_max, local=args.local_corpus,
                            cap_by_match=args.cap_by_match, cap_sources=args.cap_sources,
                            price_share=args.price_share, price_memory=args.price_memory,
-                           price_prior=args.price_prior, corpus_calibration=args.corpus_calibration,
+                           price_prior=args.price_prior, request_strength=args.request_strength,
+                           corpus_calibration=args.corpus_calibration,
                            corpus_tau=CombinedOptions.corpus_tau if args.corpus_tau is None else args.corpus_tau)
     try:
         cfg.validate()
