@@ -82,10 +82,10 @@ class OnlineCalibration:
         """Score a candidate (``tokens [bs, D]``, ``length``, its ``prior [bs, D]``) against the produced
         tokens ``truth [bs, >=D]`` (valid up to ``truth_len``); add its trials, accepts and predicted accepts."""
         D = tokens.shape[1]
-        trial, eq = _tried(tokens, length, truth, truth_len, self._pos[None, :D])
+        trial, ok = _tried(tokens, length, truth, truth_len, self._pos[None, :D])
         cell = self._cells(source, match_len, match_count, D)
         self.trials.view(-1).scatter_add_(0, cell.reshape(-1), trial.reshape(-1).float())
-        self.accepts.view(-1).scatter_add_(0, cell.reshape(-1), (trial & eq).reshape(-1).float())
+        self.accepts.view(-1).scatter_add_(0, cell.reshape(-1), ok.reshape(-1).float())
         self.predicted.view(-1).scatter_add_(0, cell.reshape(-1),
                                              torch.where(trial, prior[:, :D].float(), 0.0).reshape(-1))
 
