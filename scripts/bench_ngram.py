@@ -18,7 +18,9 @@ Example (CPU subset)::
 ``--corpus`` benchmarks the cross-request corpus instead (``sglang_hybrid/ngram/corpus.py``): one batched
 lookup (draft walk, max_draft 16) and one batched insert of ``APPEND_K`` tokens per request, on a table of
 ``--corpus-entries`` entries pre-filled from the histories (the issue's budget: lookup + insert under 30 us
-at batch 128 on the GPU). The history length column is the ``TokenHistory`` width the contexts come from.
+at batch 128 on the GPU), and the corpus tail's lookup after a 7-token model chain (``run_after``: the append,
+the same walk kernel into its own buffers, the restore; a step with ``corpus_tail`` runs it beside the lookup).
+The history length column is the ``TokenHistory`` width the contexts come from.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sglang_hybrid.calibration.candidates import STEP_CORPUS_TAU  # noqa: E402
 from sglang_hybrid.ngram import NgramConfig, TokenHistory  # noqa: E402
-from sglang_hybrid.ngram.corpus import CorpusConfig, NgramCorpus  # noqa: E402
+from sglang_hybrid.ngram.corpus import CorpusConfig, CorpusDraft, NgramCorpus  # noqa: E402
 
 APPEND_K = 17  # accepted draft tokens + bonus per step (max_draft 16 + 1)
 TAIL_AFTER = 7  # the model chain the n-gram tail follows (a 7-token DSpark block)
@@ -110,8 +112,10 @@ def bench_cell(bs: int, hist: int, device: torch.device, backend: str,
 
 
 def bench_corpus_cell(bs: int, hist: int, device: torch.device, backend: str,
-                      args: argparse.Namespace) -> tuple[float, float]:
-    """``(lookup_us, insert_us)`` of the corpus for one configuration."""
+                      args: argparse.Namespace) -> tuple[float, float, float]:
+    """``(lookup_us, insert_us, tail_us)`` of the corpus for one configuration; ``tail_us`` is the corpus's tail
+    lookup after a ``TAIL_AFTER``-token model chain (``run_after``: append, the walk into its own buffers,
+    restore), which a step with ``corpus_tail`` runs beside the lookup."""
     h = _make_table(bs, hist, device, backend if backend == "torch" else "auto", args.vocab, seed=bs * 31 + hist)
     cfg = CorpusConfig(entries=args.corpus_entries, tau=STEP_CORPUS_TAU)
     c = NgramCorpus(cfg, device, backend=backend, max_batch_size=bs, max_draft=16)
@@ -121,7 +125,14 @@ def bench_corpus_cell(bs: int, hist: int, device: torch.device, backend: str,
     counts = torch.full((bs,), APPEND_K, dtype=torch.int32, device=device)
     lookup_us = _time_us(lambda: c.lookup(h, slots), device, args.repeats, args.warmup, args.cuda_graph)
     insert_us = _time_us(lambda: c.insert(h, slots, counts), device, args.repeats, args.warmup, args.cuda_graph)
-    return lookup_us, insert_us
+    extra = torch.randint(0, args.vocab, (bs, TAIL_AFTER), dtype=torch.int32).to(device)
+    i32 = dict(dtype=torch.int32, device=device)
+    out = CorpusDraft(torch.zeros(bs, 16 - TAIL_AFTER, **i32), *(torch.zeros(bs, **i32) for _ in range(4)),
+                      torch.zeros(bs, 16 - TAIL_AFTER, **i32))
+    h.reserve_after(TAIL_AFTER)
+    tail_us = _time_us(lambda: h.run_after(slots, extra, lambda: c.lookup(h, slots, out=out)), device, args.repeats,
+                       args.warmup, args.cuda_graph)
+    return lookup_us, insert_us, tail_us
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"n-gram drafter, device {name}, torch {torch.__version__}, n_min=2 n_max=8 max_draft=16 window=0, "
               f"append K={APPEND_K}; median of {args.repeats} (us){graph}")
     print()
-    ops = ("lookup", "insert") if args.corpus else ("lookup", "append", "tail lookup")
+    ops = ("lookup", "insert", "tail lookup") if args.corpus else ("lookup", "append", "tail lookup")
     cell = bench_corpus_cell if args.corpus else bench_cell
     cols = [f"{op} {b}" for op in ops for b in backends]
     print("| bs | history | " + " | ".join(f"{c} (us)" for c in cols) + " |")

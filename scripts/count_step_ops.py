@@ -27,10 +27,10 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 import bench_step  # noqa: E402
 from sglang_hybrid import step as step_mod  # noqa: E402
 
-COMPONENTS = {"history": ["lookup", "append", "lookup_after"], "calib_dev": ["apply"],
+COMPONENTS = {"history": ["lookup", "append", "lookup_after", "run_after"], "calib_dev": ["apply"],
               "online": ["apply", "update", "update_from_history"], "corpus": ["lookup", "insert"],
               "corpus_cand": ["price", "choose", "update"], "tail": ["extend", "update", "draft_buffers"],
-              "stats": ["update"]}
+              "ctail": ["lookup", "price", "update"], "stats": ["update"]}
 KERNELS = {"history": ["_lookup", "_append"], "calib_dev": ["_fn"], "corpus": ["_lookup", "_insert"]}
 
 

@@ -26,7 +26,8 @@
 #                   Triton; then the Triton column again as CUDA-graph replays (bench_ngram_graph)
 #   bench_corpus    scripts/bench_ngram.py --corpus: the cross-request corpus's lookup and insert, torch and
 #                   Triton (bench_corpus_graph, run right after tests_ngram: Triton as CUDA-graph replays, bs 128
-#                   first; the budget is under 30 us together at bs 128)
+#                   first; the budget is under 30 us together at bs 128), and the corpus tail's second
+#                   lookup after the model chain (option corpus_tail)
 #   bench_selection scripts/bench_selection.py on CUDA (if present), bs {1,4,32,128,512} x L {8,16,32}; it gets
 #                   what is left of the budget (the bs=512 kernel alone takes ~1 min to compile)
 #

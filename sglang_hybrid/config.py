@@ -69,6 +69,8 @@ class HybridConfig:
     # corpus); the online recalibration runs after it either way
     model_tail: int = MAX_DRAFT_LIMIT  # n-gram tail drafted after the model chain (calibration/tail.py), at most
     # this many tokens, capped by the chain width minus gamma (so 0 wherever the window is only gamma); 0 = off
+    corpus_tail: bool = True  # with the corpus on and the tail on: the corpus's continuation after the model chain
+    # competes with the n-gram tail (calibration/tail.py: CorpusTail; the better of the two per request)
     warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
     step_graphs: str = "off"  # "on": replay propose / record as CUDA graphs, one per call shape (graphs.py; GPU)
 

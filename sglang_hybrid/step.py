@@ -26,7 +26,7 @@ from .calibration.agreement import conditional as _conditional
 from .calibration.apply import DeviceCalibration
 from .calibration.candidates import make_step_corpus
 from .calibration.online import OnlineCalibration
-from .calibration.tail import make_step_tail
+from .calibration.tail import CorpusTail, make_step_tail
 from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
@@ -125,6 +125,11 @@ class HybridStep:
             device=self.device, online=cfg.online_calibration, strength=cfg.online_strength)
         if self.tail is not None:
             self.history.reserve_after(gamma)
+        # The corpus's tail beside the n-gram one (the better of the two per request; calibration/tail.py).
+        self.ctail = CorpusTail(self.corpus, num_slots, max_bs, gamma, self.tail.tail, self.device,
+                                table=self.corpus_cand.table_src, online=cfg.online_calibration,
+                                strength=cfg.online_strength) \
+            if cfg.corpus_tail and self.tail is not None and self.corpus is not None else None
         self.sel = SelectionBuffers(max_bs, self.width, self.device)
         self.conf = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.conf_prev = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
@@ -169,6 +174,8 @@ class HybridStep:
             self.online.reset(slots)
         if self.tail is not None:
             self.tail.reset(slots)
+        if self.ctail is not None:
+            self.ctail.reset(slots)
         if self.corpus is not None:
             self.corpus_cand.reset(slots)
             s = slots.to(torch.int64)
@@ -244,9 +251,15 @@ class HybridStep:
             mt = self.model_tokens[:bs]
             mt.copy_(model_tokens)
             if self.tail is not None:  # the model chain extended by the n-gram continuation after it
-                tdraft = self.history.lookup_after(slots, self.tail.lookup_cfg, mt,
-                                                   out=self.tail.draft_buffers(bs))
-                mt, model_surv = self.tail.extend(slots, tdraft, self.calib_dev, mt, model_surv)
+                tb, ct = self.tail.draft_buffers(bs), None
+                if self.ctail is None:
+                    tdraft = self.history.lookup_after(slots, self.tail.lookup_cfg, mt, out=tb)
+                else:  # both tails looked up on one append of the model chain
+                    tdraft, cdraft = self.history.run_after(slots, mt, lambda: (
+                        self.history.lookup(slots, self.tail.lookup_cfg, tb),
+                        self.ctail.lookup(self.history, slots, ten)))
+                    ct = self.ctail.price(slots, cdraft)
+                mt, model_surv = self.tail.extend(slots, tdraft, self.calib_dev, mt, model_surv, corpus=ct)
             out = self.sel.view(bs)
             select_chains(
                 mt, model_surv, ngram_tokens, ngram_surv, ngram_len,
@@ -328,7 +341,7 @@ class HybridStep:
                 self.agreement.update(committed, accept_lens)
             vlen = proposal.verify_len if verified_len is None else verified_len
             if self.tail is not None:
-                self.tail.update(slots, committed, accept_lens, proposal.choice, vlen)
+                self.tail.update(slots, committed, accept_lens, proposal.choice, vlen, corpus=self.ctail)
             if self.corpus is not None:
                 ten = self._tenant[: slots.shape[0]]
                 torch.index_select(self.slot_tenant, 0, slots, out=ten)
@@ -356,6 +369,8 @@ class HybridStep:
         m["model_tail_tokens"] = 0 if self.tail is None else self.tail.tail
         if self.tail is not None:
             m.update(self.tail.counts())
+        if self.ctail is not None:
+            m.update(self.ctail.counters.counts())
         if self.corpus is not None:
             m.update(self.corpus_cand.counts())
             m["corpus_entries"] = self.corpus.cfg.entries

@@ -246,3 +246,62 @@ def test_device_without_index_matches_a_history_on_the_same_device() -> None:
     c.insert_prompt(h, slots, torch.tensor([5, 5], dtype=torch.int32, device=h.device), max_prompt_len=5)
     d = c.lookup(h, slots)
     assert d.tokens[0, 0].item() == 3 and int(d.length[0]) >= 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_lookup_after_a_chain_into_out_buffers_equals_one_on_the_extended_history(backend: str) -> None:
+    """The corpus tail's lookup: inside ``TokenHistory.run_after(slots, chain, ...)`` and into ``out`` buffers, a
+    corpus lookup drafts exactly what a plain lookup drafts on a history that really holds ``history ++ chain``
+    (both backends), it leaves the corpus's own buffers (the step's main lookup) untouched, and the history is
+    restored afterwards."""
+    from sglang_hybrid.ngram.corpus import CorpusDraft
+
+    cfg = CorpusConfig(entries=1 << 12, n_max=4, tau=0.05)
+    c = NgramCorpus(cfg, "cpu", backend=backend, max_batch_size=4, max_draft=8)
+    h, h2 = TokenHistory(4, 64, "cpu", max_draft=8), TokenHistory(4, 64, "cpu", max_draft=8)
+    rng = random.Random(3)
+    for _ in range(6):  # a few phrases, with variants, so counts and match lengths differ
+        _feed(c, h, 0, [1, 2, 3, 4, 5, 6, rng.randrange(7, 10), 11, 12])
+        _feed(c, h, 0, [20, 21, 2, 3, rng.randrange(30, 33), 34])
+    rows = [[7, 1], [9, 20], [5, 5, 5], [40]]
+    chain = [[2, 3], [21, 2], [6, 40], [41, 42]]
+    slots = torch.tensor([0, 1, 2, 3])
+    for hist, rs in ((h, rows), (h2, [r + ch for r, ch in zip(rows, chain)])):
+        p = max(len(r) for r in rs)
+        prompt = torch.tensor([r + [0] * (p - len(r)) for r in rs], dtype=torch.int32)
+        hist.write_prompt(slots, prompt, torch.tensor([len(r) for r in rs], dtype=torch.int32))
+    main = c.lookup(h, slots)
+    main_before = [t.clone() for t in main.as_tuple()]
+    before = (h.tokens.clone(), h.lens.clone())
+    out = CorpusDraft(torch.zeros(4, 5, dtype=torch.int32), *(torch.zeros(4, dtype=torch.int32) for _ in range(4)),
+                      torch.zeros(4, 5, dtype=torch.int32))
+    got = h.run_after(slots, torch.tensor(chain, dtype=torch.int32), lambda: c.lookup(h, slots, out=out))
+    assert got is out
+    assert torch.equal(h.tokens, before[0]) and torch.equal(h.lens, before[1])
+    for a, b in zip(main.as_tuple(), main_before):
+        assert torch.equal(a, b)
+    want = c.lookup(h2, slots, max_draft=5)
+    for a, b, name in zip(out.as_tuple(), want.as_tuple(), ("tokens", "length", "match_len", "count", "score", "q")):
+        assert torch.equal(a, b), name
+    assert int(out.length[0]) >= 2 and out.tokens[0, :2].tolist() == [4, 5]  # the chain's context continues
+
+
+def test_lookup_out_buffers_are_checked() -> None:
+    from sglang_hybrid.ngram.corpus import CorpusDraft
+
+    c, h = _corpus()
+    s = torch.tensor([0])
+    h.write_prompt(s, torch.tensor([[1, 2]], dtype=torch.int32), torch.tensor([2]))
+
+    def draft(D, dtype=torch.int32, rows=1):
+        return CorpusDraft(torch.zeros(rows, D, dtype=dtype), *(torch.zeros(rows, dtype=torch.int32) for _ in range(4)),
+                           torch.zeros(rows, D, dtype=torch.int32))
+
+    with pytest.raises(ValueError, match="out.tokens must be int32"):
+        c.lookup(h, s, out=draft(4, torch.int64))
+    with pytest.raises(ValueError, match=r"out.length must be int32 \(1,\)"):
+        c.lookup(h, s, out=CorpusDraft(torch.zeros(1, 4, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                                       *(torch.zeros(1, dtype=torch.int32) for _ in range(3)),
+                                       torch.zeros(1, 4, dtype=torch.int32)))
+    with pytest.raises(ValueError, match=r"out.tokens has 9 columns; must be in \[1, 8\]"):
+        c.lookup(h, s, out=draft(9))

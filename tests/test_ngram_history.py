@@ -313,3 +313,21 @@ def test_lookup_after_argument_checks() -> None:
         h.lookup_after(_i64([0], "cpu"), cfg, torch.zeros(1, 2, dtype=torch.int64))
     with pytest.raises(ValueError, match="extra has 2 rows, slots has 1"):
         h.lookup_after(_i64([0], "cpu"), cfg, torch.zeros(2, 2, dtype=torch.int32))
+
+
+def test_run_after_restores_the_history_when_the_callback_fails() -> None:
+    h = TokenHistory(2, 8, "cpu", max_batch_size=2, max_draft=4)
+    s = torch.tensor([0, 1])
+    h.write_prompt(s, torch.tensor([[1, 2, 3, 4, 5, 6, 7], [8, 9, 0, 0, 0, 0, 0]], dtype=torch.int32),
+                   torch.tensor([7, 2], dtype=torch.int32))
+    before = (h.tokens.clone(), h.lens.clone())
+    seen = []
+
+    def fail():
+        seen.append(h.lens.tolist())
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        h.run_after(s, torch.tensor([[50, 51, 52], [60, 61, 62]], dtype=torch.int32), fail)
+    assert seen == [[10, 5]]  # the callback saw the chain appended (slot 0's ring wrapped)
+    assert torch.equal(h.tokens, before[0]) and torch.equal(h.lens, before[1])

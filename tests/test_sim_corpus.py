@@ -35,3 +35,18 @@ def test_the_corpus_lets_later_requests_draft_an_earlier_answer(runs):
 def test_only_off_and_shared_are_simulated():
     with pytest.raises(ValueError, match="corpus"):
         SimOptions(batch_size=1, corpus="tenant").validate()
+
+
+def test_the_corpus_tail_continues_model_chains_with_an_earlier_answer():
+    """With the corpus's tail (the default) a model chain is extended by what the corpus holds after it, here the
+    boilerplate paragraph that only earlier answers contain, and the simulator counts those steps as the worker's
+    metrics do. Without it only the n-gram tail (the request's own history) extends model chains. (On this small
+    set the main corpus chain drafts the same paragraph a step later, so the step counts tie.)"""
+    res = {t: simulate(_records(), SimOptions(batch_size=1, policies=("hybrid",), corpus="shared", measure="all",
+                                               corpus_entries=1 << 14, corpus_tail=t))["policies"]["hybrid"]
+           for t in (True, False)}
+    on, off = res[True], res[False]
+    assert on["chains"]["corpus_tail_chosen"] > 0 and on["chains"]["accepted_corpus_tail"] > 0
+    assert on["chains"]["tail_chosen"] >= on["chains"]["corpus_tail_chosen"]
+    assert "corpus_tail_chosen" not in off["chains"]
+    assert on["output_tokens"] == off["output_tokens"]  # the same answers either way (every token verified)

@@ -137,9 +137,11 @@ def test_tenant_id_is_the_prefix_cache_key():
     assert a != tenant_id(SimpleNamespace(extra_key="other", cache_salt=None)) and 0 < a < 2**31
 
 
-def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch):
+@pytest.mark.parametrize("corpus_tail", [True, False])
+def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corpus_tail):
     """As tests/test_step.py's allocation test, with the corpus on (its Triton lookup and insert under the
-    interpreter, tagged like the other kernels): no tensor is allocated outside a kernel launch."""
+    interpreter, tagged like the other kernels): no tensor is allocated outside a kernel launch, with and without
+    the corpus's tail after the model chain."""
     import os
 
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -149,8 +151,9 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py before triton is imported)")
     monkeypatch.setenv("SGLANG_HYBRID_SYNC_GUARD", "1")
-    s = HybridStep(HybridConfig(corpus="shared", corpus_entries=1 << 10), num_slots=8, width=128, gamma=GAMMA,
-                   max_bs=4, device="cpu", verify_window=8, kernel_backend="triton")
+    s = HybridStep(HybridConfig(corpus="shared", corpus_entries=1 << 10, corpus_tail=corpus_tail), num_slots=8,
+                   width=128, gamma=GAMMA, max_bs=4, device="cpu", verify_window=8, kernel_backend="triton")
+    assert (s.ctail is not None) == corpus_tail
 
     def tagged(fn):
         def run(*a, **k):
@@ -186,8 +189,8 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch):
 
     events = list(prof.events())
     # lookup, corpus lookup, calibration, selection, append, corpus insert, and the model chain's tail (append,
-    # lookup, calibration)
-    assert sum(e.name == "hybrid_kernel" for e in events) == 9
+    # lookup, calibration; with the corpus's tail, its corpus lookup too)
+    assert sum(e.name == "hybrid_kernel" for e in events) == 9 + corpus_tail
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 
@@ -207,3 +210,71 @@ def test_prefill_gives_each_slot_its_requests_tenant():
     write_prefill_history(step, batch, torch.tensor([4, 5], dtype=torch.int32), "cpu")
     assert step.slot_tenant[[6, 2]].tolist() == [tenant_id(reqs[0]), 0] and tenant_id(reqs[0]) != 0
     assert step.history.lens[[6, 2]].tolist() == [4, 4]
+
+
+def _tail_step(**cfg):
+    """A step whose chains are wider than the model chain (verify window 10, gamma 4), so a tail fits after it."""
+    cfg.setdefault("corpus_entries", 1 << 12)
+    return HybridStep(HybridConfig(corpus="shared", **cfg), num_slots=8, width=256, gamma=GAMMA, max_bs=4,
+                      device="cpu", verify_window=10)
+
+
+def _chain_request(step, slot=5):
+    """Request B: a fresh prompt, then a model chain that drafts PHRASE[:GAMMA] with high confidence; neither its
+    history nor the corpus at its context says anything, but the corpus knows what follows the chain."""
+    slots = torch.tensor([slot])
+    _prefill(step, slots, [[400, 401, 402, 403, 404]])
+    model = torch.tensor([PHRASE[:GAMMA]], dtype=torch.int32)
+    conf = torch.full((1, GAMMA), 0.95)
+    return slots, model, conf, step.propose(slots, model, model_confidence=conf)
+
+
+def test_the_corpus_tail_continues_the_model_chain_with_what_the_corpus_knows():
+    step = _tail_step(model_prior=0.9)
+    assert step.ctail is not None and step.tail is not None
+    _earlier_request(step)
+    slots, model, conf, prop = _chain_request(step)
+    t = step.tail.tail
+    assert bool(step.tail._pick[0])  # the corpus's tail beat the (empty) n-gram tail
+    assert prop.choice.tolist() == [0]  # the model chain, extended
+    n = int(prop.verify_len[0])
+    assert n > GAMMA
+    assert prop.tokens[0, :n].tolist() == PHRASE[:n]
+    # The planner reads the chosen tail's per-token estimates past the model chain.
+    out = torch.zeros(1, GAMMA + t)
+    pc = step.planner_confidence(prop, torch.cat([conf, torch.zeros(1, t)], 1), out)
+    assert torch.equal(pc[0, GAMMA:], step.ctail.q[0, :t]) and float(pc[0, GAMMA]) > 0
+    # Verify: the whole model chain and two tail tokens accepted, then the bonus token.
+    committed = torch.zeros(1, 10, dtype=torch.int32)
+    committed[0, : GAMMA + 3] = torch.tensor(PHRASE[: GAMMA + 2] + [999])
+    before = step.metrics()
+    e0 = float(step.ctail.online.observed[5].sum() + step.ctail.online.expected[5].sum())
+    step.record(slots, prop, committed, torch.tensor([GAMMA + 3], dtype=torch.int32))
+    m = step.metrics()
+    assert (m["corpus_tail_chosen"] - before["corpus_tail_chosen"],
+            m["accepted_corpus_tail"] - before["accepted_corpus_tail"]) == (1, 2)
+    assert (m["tail_chosen"] - before["tail_chosen"], m["accepted_tail"] - before["accepted_tail"]) == (1, 2)
+    # Its record was scored (two accepted, the third tried and failed).
+    assert float(step.ctail.online.observed[5].sum() + step.ctail.online.expected[5].sum()) > e0
+
+
+def test_without_the_corpus_tail_the_chain_ends_with_the_model_chain():
+    step = _tail_step(model_prior=0.9, corpus_tail=False)
+    assert step.ctail is None and step.tail is not None
+    _earlier_request(step)
+    _, _, _, prop = _chain_request(step)
+    n = int(prop.verify_len[0])
+    assert prop.choice.tolist() == [0] and n <= GAMMA
+    assert "corpus_tail_chosen" not in step.metrics()
+
+
+def test_the_corpus_tail_is_not_scored_where_the_model_chain_failed():
+    step = _tail_step(model_prior=0.9)
+    _earlier_request(step)
+    slots, _, _, prop = _chain_request(step)
+    before = (step.ctail.online.observed.clone(), step.ctail.online.expected.clone())
+    committed = torch.zeros(1, 10, dtype=torch.int32)
+    committed[0, :3] = torch.tensor(PHRASE[:2] + [999])  # the model chain parts at its third token
+    step.record(slots, prop, committed, torch.tensor([3], dtype=torch.int32))
+    assert torch.equal(step.ctail.online.observed, before[0])
+    assert torch.equal(step.ctail.online.expected, before[1])

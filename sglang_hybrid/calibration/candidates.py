@@ -28,9 +28,24 @@ import torch
 from .counters import ChainCounters
 from .online import DEFAULT_STRENGTH, OnlineCalibration
 
-__all__ = ["CorpusCandidate", "Q_ONE"]
+__all__ = ["CorpusCandidate", "Q_ONE", "price_corpus_draft"]
 
 Q_ONE = 1 << 16  # the corpus's fixed point for q
+
+
+def price_corpus_draft(slots: torch.Tensor, draft, q: torch.Tensor, surv: torch.Tensor, scale: torch.Tensor,
+                       table, online: Optional[OnlineCalibration]) -> None:
+    """A corpus draft's calibrated ``q`` and ``surv [bs, D]`` (float32 buffers, written in place): the corpus's
+    own fixed-point ``q`` times ``scale`` (a device scalar, ``1 / Q_ONE``), the fitted ``table``
+    (``DeviceCorpusTable`` or None), the running product, then the ``online`` record (or None). Shared by the
+    corpus candidate and the corpus's tail (``tail.py: CorpusTail``)."""
+    q.copy_(draft.q)  # int32 -> float32 in place (a mixed-dtype mul would allocate a float copy)
+    q.mul_(scale)
+    if table is not None:
+        table.apply(draft.match_len, draft.match_count, q)
+    torch.cumprod(q, 1, out=surv)
+    if online is not None:
+        online.apply(slots, draft.tokens, draft.length, q, surv)
 
 
 class CorpusCandidate:
@@ -44,6 +59,7 @@ class CorpusCandidate:
                  online: bool = True, strength: float = DEFAULT_STRENGTH, table=None) -> None:
         dev = torch.device(device)
         self.width = width
+        self.table_src = table  # the host table (the corpus tail makes its own device copy)
         self.table = table.to_device(max_bs, width, dev) if table is not None else None
         self.q = torch.zeros(max_bs, width, dtype=torch.float32, device=dev)
         self.surv = torch.zeros(max_bs, width, dtype=torch.float32, device=dev)
@@ -68,13 +84,7 @@ class CorpusCandidate:
         its length)."""
         bs = draft.tokens.shape[0]
         q, surv = self.q[:bs], self.surv[:bs]
-        q.copy_(draft.q)  # int32 -> float32 in place (a mixed-dtype mul would allocate a float copy)
-        q.mul_(self._scale)
-        if self.table is not None:
-            self.table.apply(draft.match_len, draft.match_count, q)
-        torch.cumprod(q, 1, out=surv)
-        if self.online is not None:
-            self.online.apply(slots, draft.tokens, draft.length, q, surv)
+        price_corpus_draft(slots, draft, q, surv, self._scale, self.table, self.online)
         return q, surv
 
     def choose(self, own_tokens: torch.Tensor, own_surv: torch.Tensor, own_len: torch.Tensor, draft,

@@ -14,6 +14,11 @@ a per-request online record of its own (``OnlineCalibration``, scored immediatel
 steps where the target committed the whole model chain, the only steps where its context was the real one: it
 then faces the tokens committed after position ``gamma``.
 
+With the cross-request corpus on, ``CorpusTail`` drafts a second tail: the corpus's walk from the same
+``history ++ model chain`` (both lookups run inside one ``TokenHistory.run_after``), priced as the corpus
+candidate and scored as the n-gram tail. ``extend`` keeps, per request, the tail with the larger expected
+accepted length.
+
 Decode-step rules: ``extend`` and ``update`` write only into buffers made at construction for the largest batch,
 never read the device and never branch on device data.
 """
@@ -26,10 +31,12 @@ from typing import Optional
 import torch
 
 from ..ngram.config import NgramConfig, NgramDraft
+from ..ngram.corpus import CorpusDraft
+from .candidates import Q_ONE, price_corpus_draft
 from .counters import ChainCounters
 from .online import DEFAULT_STRENGTH, OnlineCalibration
 
-__all__ = ["ModelTail", "make_step_tail"]
+__all__ = ["CorpusTail", "ModelTail", "make_step_tail"]
 
 
 class ModelTail:
@@ -63,6 +70,9 @@ class ModelTail:
         # Request-steps that verified the model chain into its tail, and the tail tokens accepted (``counts()``).
         self.counters = ChainCounters(max_bs, dev, ("tail_chosen", "accepted_tail"), offset=gamma + 1)
         self._is_model = torch.zeros(max_bs, dtype=torch.bool, device=dev)
+        self._e_ng = torch.zeros(max_bs, dtype=torch.float32, device=dev)  # the two tails' expected lengths
+        self._e_cp = torch.zeros(max_bs, dtype=torch.float32, device=dev)
+        self._pick = torch.zeros(max_bs, dtype=torch.bool, device=dev)  # True: the corpus's tail
         self._view_cache: dict[int, SimpleNamespace] = {}
 
     def _views(self, bs: int) -> SimpleNamespace:
@@ -73,7 +83,8 @@ class ModelTail:
             g, d = self.gamma, self._draft
             v = SimpleNamespace(q=self.q[:bs], surv=self.surv[:bs], tok=self.tokens[:bs], sv=self.survival[:bs],
                                 no_model=self._no_model[:bs], eq=self._eq[:bs], whole=self._whole[:bs],
-                                n=self._n[:bs], is_model=self._is_model[:bs])
+                                n=self._n[:bs], is_model=self._is_model[:bs], e_ng=self._e_ng[:bs],
+                                e_cp=self._e_cp[:bs], pick=self._pick[:bs])
             v.tok_model, v.tok_tail = v.tok[:, :g], v.tok[:, g:]
             v.sv_model, v.sv_tail = v.sv[:, :g], v.sv[:, g:]
             v.draft = NgramDraft(d.tokens[:bs], d.length[:bs], d.match_len[:bs], d.match_count[:bs],
@@ -91,13 +102,17 @@ class ModelTail:
             self.online.reset(slots)
 
     def extend(self, slots: torch.Tensor, draft: NgramDraft, calibration, model_tokens: torch.Tensor,
-               model_surv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+               model_surv: torch.Tensor, corpus: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """The model chain extended by its tail: ``(tokens, survival) [bs, gamma + tail]`` (views of buffers).
 
         ``draft``: the tail lookup (``lookup_after(slots, self.lookup_cfg, model_tokens,
         out=self.draft_buffers(bs))``);
         ``calibration``: a ``DeviceCalibration``; ``model_survival [bs, gamma]``: the model chain's prefix
-        survivals. The tail's survivals are 0 past its length, so the selection never admits those columns."""
+        survivals. The tail's survivals are 0 past its length, so the selection never admits those columns.
+        ``corpus``: the corpus's tail ``(tokens, q, survival) [bs, tail]`` (``CorpusTail.price``); per request the
+        tail with the larger expected accepted length is kept (ties: the n-gram's), and ``self.q`` holds its
+        per-token estimates."""
         bs, g = model_tokens.shape
         if g != self.gamma:
             raise ValueError(f"ModelTail: model_tokens has {g} columns, gamma is {self.gamma}")
@@ -108,15 +123,27 @@ class ModelTail:
             self.online.apply(slots, draft.tokens, draft.length, q, surv)
         v.tok_model.copy_(model_tokens)
         v.tok_tail.copy_(draft.tokens)
+        if corpus is not None:  # the better of the two tails, by expected accepted length (ties: the n-gram's)
+            ctok, cq, csurv = corpus
+            e_ng, e_cp, pick = v.e_ng, v.e_cp, v.pick
+            torch.sum(surv, 1, out=e_ng)
+            torch.sum(csurv, 1, out=e_cp)
+            torch.gt(e_cp, e_ng, out=pick)
+            col = pick.view(-1, 1)
+            torch.where(col, ctok, v.tok_tail, out=v.tok_tail)
+            torch.where(col, cq, q, out=q)
+            torch.where(col, csurv, surv, out=surv)
         v.sv_model.copy_(model_surv)
         torch.mul(surv, model_surv[:, g - 1 :], out=v.sv_tail)
         return v.tok, v.sv
 
     def update(self, slots: torch.Tensor, committed: torch.Tensor, counts: torch.Tensor,
-               choice: Optional[torch.Tensor] = None, verified: Optional[torch.Tensor] = None) -> None:
+               choice: Optional[torch.Tensor] = None, verified: Optional[torch.Tensor] = None,
+               corpus: Optional["CorpusTail"] = None) -> None:
         """After verify: score this step's tails where the target committed the whole model chain; with
         ``choice [bs]`` (1 = the n-gram chain) and ``verified [bs]`` (draft tokens verified) count the steps that
-        verified into a tail and the tail tokens they accepted.
+        verified into a tail and the tail tokens they accepted. ``corpus``: the step's ``CorpusTail`` (its
+        draft is scored too, and its own counters count the steps whose tail was the corpus's).
 
         ``committed [bs, K]``: accepted drafts then the bonus token, ``counts [bs]`` of them."""
         bs, k = committed.shape
@@ -131,12 +158,18 @@ class ModelTail:
             torch.where(whole, n, self._zero, out=n)
             n.clamp_(min=0)
             self.online.update(slots, committed[:, g:], n)
+            if corpus is not None:
+                corpus.update(slots, committed[:, g:], n)
         if choice is not None and verified is not None:
             used, is_model = self.counters.rows(bs)[0], self._views(bs).is_model
             torch.gt(verified, self._gamma, out=used)
             torch.eq(choice, self._zero, out=is_model)
             used.logical_and_(is_model)
             self.counters.add(counts)
+            if corpus is not None:  # of those, the steps whose tail was the corpus's
+                cused = corpus.counters.rows(bs)[0]
+                torch.logical_and(used, self._views(bs).pick, out=cused)
+                corpus.counters.add(counts)
 
     def counts(self) -> dict:
         """Host side, never waits: ``tail_chosen`` (request-steps that verified the model chain into its tail)
@@ -154,3 +187,67 @@ def make_step_tail(model_tail: int, *, width: int, gamma: int, n_min: int, n_max
         return None
     cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=tail, window=window)
     return ModelTail(num_slots, max_bs, gamma, cfg, device, online=online, strength=strength)
+
+
+class CorpusTail:
+    """The cross-request corpus's continuation after the model chain: a second tail candidate.
+
+    Looked up on ``history ++ model chain`` (inside ``TokenHistory.run_after``, beside the n-gram tail's lookup)
+    and priced as the corpus candidate is (``candidates.py``): the corpus's own ``q``, the fitted table, then an
+    online record of its own, scored as the n-gram tail's (only where the target committed the whole model
+    chain). ``ModelTail.extend(..., corpus=self.price(...))`` keeps, per request, the tail with the larger
+    expected accepted length. ``table``: the host ``CorpusTable`` (a device copy sized for the tail is made
+    here) or None. Buffers are made here for the largest batch; no host read.
+    """
+
+    def __init__(self, corpus, num_slots: int, max_bs: int, gamma: int, tail: int, device: torch.device | str, *,
+                 table=None, online: bool = True, strength: float = DEFAULT_STRENGTH) -> None:
+        if tail < 1 or tail > corpus.max_draft:
+            raise ValueError(f"CorpusTail: tail must be in [1, {corpus.max_draft}] (the corpus's max_draft), "
+                             f"got {tail}")
+        dev = torch.device(device)
+        self.corpus, self.tail = corpus, tail
+        self.table = table.to_device(max_bs, tail, dev) if table is not None else None
+        i32 = dict(dtype=torch.int32, device=dev)
+        self._draft = CorpusDraft(torch.zeros(max_bs, tail, **i32), *(torch.zeros(max_bs, **i32) for _ in range(4)),
+                                  torch.zeros(max_bs, tail, **i32))
+        self.q = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
+        self.surv = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
+        self._scale = torch.tensor(1.0 / Q_ONE, dtype=torch.float32, device=dev)
+        self.online = OnlineCalibration(num_slots, max_bs, tail, dev, strength) if online else None
+        # Request-steps that verified into a corpus tail, and the tail tokens accepted (``ModelTail.update``).
+        self.counters = ChainCounters(max_bs, dev, ("corpus_tail_chosen", "accepted_corpus_tail"), offset=gamma + 1)
+        self._view_cache: dict[int, object] = {}
+
+    def _out(self, bs: int):
+        d = self._view_cache.get(bs)
+        if d is None:
+            b = self._draft
+            d = CorpusDraft(b.tokens[:bs], b.length[:bs], b.match_len[:bs], b.match_count[:bs], b.score[:bs],
+                            b.q[:bs])
+            self._view_cache[bs] = d
+        return d
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """At prefill: a new request's record starts empty."""
+        if self.online is not None:
+            self.online.reset(slots)
+
+    def lookup(self, history, slots: torch.Tensor, tenant: Optional[torch.Tensor] = None):
+        """The corpus's walk from the end of ``history`` (call it inside ``history.run_after(slots, model
+        chain, ...)``); into this object's buffers."""
+        return self.corpus.lookup(history, slots, tenant, out=self._out(slots.shape[0]))
+
+    def price(self, slots: torch.Tensor, draft) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(tokens, q, survival) [bs, tail]`` of the tail, priced (survival from the model chain's end; 0 past
+        the draft's length), for ``ModelTail.extend(..., corpus=...)``."""
+        bs = draft.tokens.shape[0]
+        q, surv = self.q[:bs], self.surv[:bs]
+        price_corpus_draft(slots, draft, q, surv, self._scale, self.table, self.online)
+        return draft.tokens, q, surv
+
+    def update(self, slots: torch.Tensor, committed_tail: torch.Tensor, n: torch.Tensor) -> None:
+        """Score this step's draft against ``committed_tail[b, :n[b]]`` (the tokens after the model chain where
+        the target committed all of it, else ``n`` 0): ``ModelTail.update`` calls it."""
+        if self.online is not None:
+            self.online.update(slots, committed_tail, n)

@@ -168,6 +168,7 @@ class NgramCorpus:
         self.coef = make_coef(cfg.n_max, device)
         self.device = self.tag.device  # normalised ("cuda" -> "cuda:0"): compared against the inputs' devices
         self.max_batch_size = max_batch_size
+        self.max_draft = max_draft
         self._zero_tenant = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
         self._start = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
         self._draft = CorpusDraft(
@@ -218,17 +219,29 @@ class NgramCorpus:
     # ------------------------------------------------------------------ operations
 
     def lookup(self, history, slots: torch.Tensor, tenant: Optional[torch.Tensor] = None,
-               max_draft: Optional[int] = None) -> CorpusDraft:
-        """Draft walk for ``slots`` from the corpus; views of preallocated buffers (``[:bs, :max_draft]``)."""
+               max_draft: Optional[int] = None, out: Optional[CorpusDraft] = None) -> CorpusDraft:
+        """Draft walk for ``slots`` from the corpus; views of preallocated buffers (``[:bs, :max_draft]``), or
+        ``out`` (int32 ``[bs, D]`` / ``[bs]`` tensors on the corpus's device, ``D`` at most ``max_draft`` of the
+        construction: a second lookup in the same step that must not overwrite the first)."""
         self._history(history)
         bs = self._tensor("slots", slots, 1).shape[0]
         ten = self._tenant(tenant, bs)
-        D = self._draft.tokens.shape[1] if max_draft is None else int(max_draft)
-        if not 1 <= D <= self._draft.tokens.shape[1]:
-            raise ValueError(f"max_draft must be in [1, {self._draft.tokens.shape[1]}], got {max_draft}")
-        buf = self._draft
-        out = CorpusDraft(buf.tokens[:bs, :D], buf.length[:bs], buf.match_len[:bs], buf.match_count[:bs],
-                          buf.score[:bs], buf.q[:bs, :D])
+        if out is not None:
+            D = out.tokens.shape[1]
+            for name, t, shape in zip(("tokens", "length", "match_len", "match_count", "score", "q"),
+                                      out.as_tuple(), ((bs, D), (bs,), (bs,), (bs,), (bs,), (bs, D))):
+                if t.dtype != torch.int32 or t.device != self.device or tuple(t.shape) != shape:
+                    raise ValueError(f"out.{name} must be int32 {shape} on {self.device}, got {t.dtype} "
+                                     f"{tuple(t.shape)} on {t.device}")
+            if not 1 <= D <= self.max_draft:
+                raise ValueError(f"out.tokens has {D} columns; must be in [1, {self.max_draft}] (max_draft)")
+        else:
+            D = self._draft.tokens.shape[1] if max_draft is None else int(max_draft)
+            if not 1 <= D <= self._draft.tokens.shape[1]:
+                raise ValueError(f"max_draft must be in [1, {self._draft.tokens.shape[1]}], got {max_draft}")
+            buf = self._draft
+            out = CorpusDraft(buf.tokens[:bs, :D], buf.length[:bs], buf.match_len[:bs], buf.match_count[:bs],
+                              buf.score[:bs], buf.q[:bs, :D])
         self._lookup(self.tag, self.tok, self.cnt, self.coef, history.tokens, history.lens, slots, ten,
                      *out.as_tuple(), self.cfg.n_max, self.cfg.alpha, self.cfg.tau_fixed)
         return out

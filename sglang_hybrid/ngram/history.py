@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
 from ..hostsync import host_reads_allowed
 from . import reference
 from .config import NgramConfig, NgramDraft
+
+T = TypeVar("T")
 
 __all__ = ["TokenHistory", "BACKENDS"]
 
@@ -257,9 +259,17 @@ class TokenHistory:
         """Lookup as if ``extra [bs, G]`` (int32, every column) followed each slot's history; the table is unchanged.
 
         This drafts a continuation *after* a chain that is not committed yet (the model chain): the suffix is the
-        last ``n`` tokens of ``history ++ extra`` and matches are searched in that sequence. It appends ``extra``,
-        looks up, then puts back the ``G`` ring columns the append overwrote and the lengths, all on the device
-        in buffers sized for ``max_batch_size`` rows and ``G`` columns (``reserve_after``; no host sync).
+        last ``n`` tokens of ``history ++ extra`` and matches are searched in that sequence (``run_after``).
+        ``slots`` must be distinct; ``G <= width``.
+        """
+        return self.run_after(slots, extra, lambda: self.lookup(slots, cfg, out))
+
+    def run_after(self, slots: torch.Tensor, extra: torch.Tensor, fn: Callable[[], T]) -> T:
+        """``fn()`` run while ``extra [bs, G]`` (int32, every column) follows each slot's history; returns its result.
+
+        It appends ``extra``, calls ``fn`` (lookups that read this history: the n-gram's, the corpus's), then puts
+        back the ``G`` ring columns the append overwrote and the lengths, all on the device in buffers sized for
+        ``max_batch_size`` rows and ``G`` columns (``reserve_after``; no host sync), so the table is unchanged.
         ``slots`` must be distinct; ``G <= width``.
         """
         bs = self._check_slots(slots, distinct=True, batch_limit=True)
@@ -279,7 +289,7 @@ class TokenHistory:
         torch.index_select(flat, 0, idx.view(-1), out=saved.view(-1))
         self.append(slots, extra, counts)
         try:
-            return self.lookup(slots, cfg, out)
+            return fn()
         finally:
             flat.index_copy_(0, idx.view(-1), saved.view(-1))
             self.lens.index_copy_(0, s64, lens0)

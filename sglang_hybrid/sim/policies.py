@@ -28,7 +28,7 @@ from ..calibration.agreement import ModelAgreement
 from ..calibration.candidates import make_step_corpus
 from ..calibration.deferred import DEFAULT_DEPTH
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
-from ..calibration.tail import make_step_tail
+from ..calibration.tail import CorpusTail, make_step_tail
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
 from ..selection.sps2d import DenseSps2D, Sps2DTable
@@ -154,7 +154,8 @@ class HybridPolicy:
                  online_calibration: bool = True, online_strength: float = DEFAULT_STRENGTH,
                  online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None,
                  two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
-                 corpus_calibration="default", model_tail: int = 0, model_agreement: bool = True) -> None:
+                 corpus_calibration="default", model_tail: int = 0, model_agreement: bool = True,
+                 corpus_tail: bool = True) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -189,6 +190,11 @@ class HybridPolicy:
         self.tail = make_step_tail(model_tail if enable_ngram else 0, width=width, gamma=gamma, n_min=n_min,
                                    n_max=n_max, window=window, num_slots=max_bs, max_bs=max_bs, device="cpu",
                                    online=online_calibration, strength=online_strength)
+        # The corpus's tail beside the n-gram one (calibration/tail.py: CorpusTail), as HybridStep builds it.
+        self.ctail = CorpusTail(self.corpus, max_bs, max_bs, gamma, self.tail.tail, "cpu",
+                                table=self.corpus_cand.table_src, online=online_calibration,
+                                strength=online_strength) \
+            if corpus_tail and self.tail is not None and self.corpus is not None else None
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py), as HybridStep.
         self.agreement = ModelAgreement(max_bs, max_draft, gamma, "cpu", strength=online_strength) \
             if model_agreement and enable_ngram else None
@@ -199,6 +205,8 @@ class HybridPolicy:
             self.online.reset(slots)
         if self.tail is not None:
             self.tail.reset(slots)
+        if self.ctail is not None:
+            self.ctail.reset(slots)
         if self.corpus is not None:
             self.corpus_cand.reset(slots)
 
@@ -211,10 +219,19 @@ class HybridPolicy:
         if self.agreement is not None:
             self.agreement.update(committed, counts)
         if self.tail is not None:
-            self.tail.update(inp.slots, committed, counts)
+            self.tail.update(inp.slots, committed, counts, out.ngram_chosen.to(torch.int32), out.verify_len,
+                             corpus=self.ctail)
         if self.corpus is not None:  # every request's committed tokens, after the history append (as HybridStep)
             self.corpus.insert(self._history, inp.slots, counts)
             self.corpus_cand.update(inp.slots, committed, counts)
+
+    def counts(self) -> dict:
+        """The worker's chain counters (``HybridStep.metrics``): request-steps that verified into the n-gram tail
+        and the corpus's tail, and the tail tokens they accepted."""
+        m = {} if self.tail is None else self.tail.counts()
+        if self.ctail is not None:
+            m.update(self.ctail.counters.counts())
+        return m
 
     def _reprice(self, inp: StepInput, draft, q: torch.Tensor, surv: torch.Tensor, source: int) -> None:
         """The last word on a model-free candidate's ``(q, surv)`` before the choice: beside the model chain
@@ -247,9 +264,15 @@ class HybridPolicy:
         if self.agreement is not None:  # the tokens both chains share: one price, learnt from the traffic
             self.agreement.share(ntok, nlen, surv, mtok, inp.conf, model_surv)
         if self.tail is not None:  # the model chain extended by the n-gram continuation after it
-            td = history.lookup_after(inp.slots, self.tail.lookup_cfg, mtok,
-                                      out=self.tail.draft_buffers(bs))
-            mtok, model_surv = self.tail.extend(inp.slots, td, self.calib, mtok, model_surv)
+            tb = self.tail.draft_buffers(bs)
+            if self.ctail is None:
+                td = history.lookup_after(inp.slots, self.tail.lookup_cfg, mtok, out=tb)
+                ct = None
+            else:  # both tails' lookups on one append of the model chain
+                td, cd2 = history.run_after(inp.slots, mtok, lambda: (
+                    history.lookup(inp.slots, self.tail.lookup_cfg, tb), self.ctail.lookup(history, inp.slots)))
+                ct = self.ctail.price(inp.slots, cd2)
+            mtok, model_surv = self.tail.extend(inp.slots, td, self.calib, mtok, model_surv, corpus=ct)
         out = self.sel.view(bs)
         if self.fixed_window is None:
             select_chains(mtok, model_surv, ntok, surv, nlen, None, self.sps, out,

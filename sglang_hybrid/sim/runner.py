@@ -56,6 +56,7 @@ class SimOptions:
     corpus_calibration: str = HybridConfig.corpus_calibration  # hybrid: the corpus's fitted table (corpus_table.py)
     model_agreement: bool = HybridConfig.model_agreement  # hybrid: n-gram tokens re-priced beside the model chain
     two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
+    corpus_tail: bool = HybridConfig.corpus_tail  # hybrid, corpus and tail on: the corpus's tail (calibration/tail.py)
     model_tail: int = HybridConfig.model_tail  # hybrid: n-gram tail after the model chain (calibration/tail.py),
     # at most this many tokens, capped by the chain width minus gamma; 0 = off
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
@@ -216,7 +217,7 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None, hy
                    online_defer=opts.online_defer, online_bins=opts.online_bins, sps2d=sps2d,
                    two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries,
                    corpus_calibration=opts.corpus_calibration, model_tail=opts.model_tail,
-                   model_agreement=opts.model_agreement)
+                   model_agreement=opts.model_agreement, corpus_tail=opts.corpus_tail)
     if name == ORACLE and opts.oracle:
         from .oracle import OraclePolicy
 

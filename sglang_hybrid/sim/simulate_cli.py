@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--model-tail", type=int, default=HybridConfig.model_tail,
                    help="hybrid: n-gram tail drafted after the model chain, at most this many tokens (capped by the "
                         "chain width minus gamma); 0 = off")
+    n.add_argument("--corpus-tail", action=argparse.BooleanOptionalAction, default=HybridConfig.corpus_tail,
+                   help="hybrid, with --corpus shared and the tail on: the corpus's continuation after the model "
+                        "chain competes with the n-gram tail (the better of the two per request; default on, as "
+                        "the plugin's corpus_tail)")
     n.add_argument("--no-model-agreement", dest="model_agreement", action="store_false",
                    help="hybrid: price the n-gram tokens without the model chain beside them (calibration/"
                         "agreement.py; default on, as the plugin's model_agreement)")
@@ -141,7 +145,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         max_draft=args.max_draft, num_iters=args.num_iters, enable_ngram=not args.no_ngram,
         hybrid_verify=args.hybrid_verify, two_branch=args.two_branch, corpus=args.corpus,
         corpus_entries=args.corpus_entries, corpus_calibration=args.corpus_calibration, model_tail=args.model_tail,
-        model_agreement=args.model_agreement,
+        model_agreement=args.model_agreement, corpus_tail=args.corpus_tail,
         online_calibration=HybridConfig.online_calibration if args.online_calibration is None
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,

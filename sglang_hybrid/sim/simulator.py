@@ -56,6 +56,7 @@ class PolicyResult:
     ngram_pred: float = 0.0  # sum over them of the calibrated expected accepted length (sum of survivals)
     ngram_obs: int = 0  # sum over them of the accepted length the draft really had (against the reference)
     accepted_hist: list[int] = field(default_factory=list)  # per request-step tokens produced, if recorded
+    chains: dict = field(default_factory=dict)  # hybrid: its chain counters (HybridPolicy.counts), as the worker's
 
     @property
     def accepted_per_step(self) -> float:
@@ -92,6 +93,7 @@ class PolicyResult:
                                       "predicted_accepted_per_draft": round(self.ngram_pred / self.ngram_drafts, 4),
                                       "actual_accepted_per_draft": round(self.ngram_obs / self.ngram_drafts, 4)}}
                if self.ngram_drafts else {}),
+            **({"chains": self.chains} if self.chains else {}),
         }
 
 
@@ -249,6 +251,8 @@ def run_policy(
                 ON_REQUESTS_DONE(len(done))
     if bar is not None:
         bar.close()
+    if hasattr(policy, "counts"):
+        res.chains = policy.counts()
     return res
 
 

@@ -143,5 +143,7 @@ def test_corpus_drafts_a_request_from_an_earlier_ones_output(engine_pool, prompt
     after = engine.server_info()["internal_states"][0]["hybrid_spark"]
     assert after["corpus_chosen"] > before["corpus_chosen"] and after["accepted_corpus"] > before["accepted_corpus"]
     assert after["price_sps2d"] == 1  # this engine also prices with the 2-D roofline table (SGLANG_HYBRID_SPS2D_TABLE)
+    # The corpus's tail after the model chain is on (corpus_tail, the default; the window leaves a 4-token tail).
+    assert after["model_tail_tokens"] == 4 and after["corpus_tail_chosen"] >= before["corpus_tail_chosen"] >= 0
     steps = [sum(o["meta_info"]["spec_verify_ct"] for o in out) for out in (first, second)]
     assert steps[1] < steps[0], f"the second round should take fewer verify steps: {steps}"
