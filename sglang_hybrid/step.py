@@ -250,16 +250,10 @@ class HybridStep:
             self._ngram_len[:bs].copy_(ngram_len)
             mt = self.model_tokens[:bs]
             mt.copy_(model_tokens)
-            if self.tail is not None:  # the model chain extended by the n-gram continuation after it
-                tb, ct = self.tail.draft_buffers(bs), None
-                if self.ctail is None:
-                    tdraft = self.history.lookup_after(slots, self.tail.lookup_cfg, mt, out=tb)
-                else:  # both tails looked up on one append of the model chain
-                    tdraft, cdraft = self.history.run_after(slots, mt, lambda: (
-                        self.history.lookup(slots, self.tail.lookup_cfg, tb),
-                        self.ctail.lookup(self.history, slots, ten)))
-                    ct = self.ctail.price(slots, cdraft)
-                mt, model_surv = self.tail.extend(slots, tdraft, self.calib_dev, mt, model_surv, corpus=ct)
+            if self.tail is not None:  # the model chain extended by the continuation after it (n-gram or corpus)
+                mt, model_surv = self.tail.draft_and_extend(self.history, slots, self.calib_dev, mt, model_surv,
+                                                            corpus=self.ctail,
+                                                            tenant=ten if self.ctail is not None else None)
             out = self.sel.view(bs)
             select_chains(
                 mt, model_surv, ngram_tokens, ngram_surv, ngram_len,
@@ -370,7 +364,7 @@ class HybridStep:
         if self.tail is not None:
             m.update(self.tail.counts())
         if self.ctail is not None:
-            m.update(self.ctail.counters.counts())
+            m.update(self.ctail.counts())
         if self.corpus is not None:
             m.update(self.corpus_cand.counts())
             m["corpus_entries"] = self.corpus.cfg.entries

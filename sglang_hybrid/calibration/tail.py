@@ -137,6 +137,21 @@ class ModelTail:
         torch.mul(surv, model_surv[:, g - 1 :], out=v.sv_tail)
         return v.tok, v.sv
 
+    def draft_and_extend(self, history, slots: torch.Tensor, calibration, model_tokens: torch.Tensor,
+                         model_surv: torch.Tensor, corpus: Optional["CorpusTail"] = None,
+                         tenant: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Look the tail up after the model chain and ``extend`` with it: the n-gram tail's lookup
+        (``history.lookup_after``) or, with ``corpus`` (a ``CorpusTail``; ``tenant`` its lookup's), both tails'
+        lookups on one append of the chain (``history.run_after``) and the better tail per request. What
+        ``HybridStep.propose`` and the simulator's ``HybridPolicy`` run."""
+        out = self.draft_buffers(model_tokens.shape[0])
+        if corpus is None:
+            draft = history.lookup_after(slots, self.lookup_cfg, model_tokens, out=out)
+            return self.extend(slots, draft, calibration, model_tokens, model_surv)
+        draft, cdraft = history.run_after(slots, model_tokens, lambda: (
+            history.lookup(slots, self.lookup_cfg, out), corpus.lookup(history, slots, tenant)))
+        return self.extend(slots, draft, calibration, model_tokens, model_surv, corpus=corpus.price(slots, cdraft))
+
     def update(self, slots: torch.Tensor, committed: torch.Tensor, counts: torch.Tensor,
                choice: Optional[torch.Tensor] = None, verified: Optional[torch.Tensor] = None,
                corpus: Optional["CorpusTail"] = None) -> None:
@@ -245,6 +260,10 @@ class CorpusTail:
         q, surv = self.q[:bs], self.surv[:bs]
         price_corpus_draft(slots, draft, q, surv, self._scale, self.table, self.online)
         return draft.tokens, q, surv
+
+    def counts(self) -> dict:
+        """Host side, never waits: ``corpus_tail_chosen`` and ``accepted_corpus_tail``."""
+        return self.counters.counts()
 
     def update(self, slots: torch.Tensor, committed_tail: torch.Tensor, n: torch.Tensor) -> None:
         """Score this step's draft against ``committed_tail[b, :n[b]]`` (the tokens after the model chain where

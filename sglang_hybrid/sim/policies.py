@@ -230,7 +230,7 @@ class HybridPolicy:
         and the corpus's tail, and the tail tokens they accepted."""
         m = {} if self.tail is None else self.tail.counts()
         if self.ctail is not None:
-            m.update(self.ctail.counters.counts())
+            m.update(self.ctail.counts())
         return m
 
     def _reprice(self, inp: StepInput, draft, q: torch.Tensor, surv: torch.Tensor, source: int) -> None:
@@ -263,16 +263,9 @@ class HybridPolicy:
         mtok = inp.model_tokens
         if self.agreement is not None:  # the tokens both chains share: one price, learnt from the traffic
             self.agreement.share(ntok, nlen, surv, mtok, inp.conf, model_surv)
-        if self.tail is not None:  # the model chain extended by the n-gram continuation after it
-            tb = self.tail.draft_buffers(bs)
-            if self.ctail is None:
-                td = history.lookup_after(inp.slots, self.tail.lookup_cfg, mtok, out=tb)
-                ct = None
-            else:  # both tails' lookups on one append of the model chain
-                td, cd2 = history.run_after(inp.slots, mtok, lambda: (
-                    history.lookup(inp.slots, self.tail.lookup_cfg, tb), self.ctail.lookup(history, inp.slots)))
-                ct = self.ctail.price(inp.slots, cd2)
-            mtok, model_surv = self.tail.extend(inp.slots, td, self.calib, mtok, model_surv, corpus=ct)
+        if self.tail is not None:  # the model chain extended by the continuation after it (n-gram or corpus)
+            mtok, model_surv = self.tail.draft_and_extend(history, inp.slots, self.calib, mtok, model_surv,
+                                                          corpus=self.ctail)
         out = self.sel.view(bs)
         if self.fixed_window is None:
             select_chains(mtok, model_surv, ntok, surv, nlen, None, self.sps, out,
