@@ -7,7 +7,7 @@
 #      same files, and one table of both; then the peer's frontier (scripts/peer_frontier.py: its settings
 #      over a grid, and whether any of them is ahead of ours).
 # Run from the project root with its .venv made. Needs the package index (pip download of 34 sdists, cached).
-# usage: bash scripts/unseen_check.sh [OUT_DIR]    (default /tmp/unseen-check; about 25 minutes on 2 cores)
+# usage: bash scripts/unseen_check.sh [OUT_DIR]    (default /tmp/unseen-check; about 30 minutes on 2 cores)
 # Environment: BATCH_SIZES (default 4,32, the goals'), REPLAY_ARGS (extra replay-drafters options),
 # PEER_WORK (the peer's build, default ./.peer-work), PAIRS (space-separated NAME:OLD:NEW release pairs; default
 # the 17 below), SET_NAME (names the peer's result files; give a new set its own). Rerunning with the same OUT_DIR
