@@ -126,9 +126,7 @@ def bench_corpus_cell(bs: int, hist: int, device: torch.device, backend: str,
     lookup_us = _time_us(lambda: c.lookup(h, slots), device, args.repeats, args.warmup, args.cuda_graph)
     insert_us = _time_us(lambda: c.insert(h, slots, counts), device, args.repeats, args.warmup, args.cuda_graph)
     extra = torch.randint(0, args.vocab, (bs, TAIL_AFTER), dtype=torch.int32).to(device)
-    i32 = dict(dtype=torch.int32, device=device)
-    out = CorpusDraft(torch.zeros(bs, 16 - TAIL_AFTER, **i32), *(torch.zeros(bs, **i32) for _ in range(4)),
-                      torch.zeros(bs, 16 - TAIL_AFTER, **i32))
+    out = CorpusDraft.zeros(bs, 16 - TAIL_AFTER, device)
     h.reserve_after(TAIL_AFTER)
     tail_us = _time_us(lambda: h.run_after(slots, extra, lambda: c.lookup(h, slots, out=out)), device, args.repeats,
                        args.warmup, args.cuda_graph)

@@ -26,7 +26,7 @@ from .calibration.agreement import conditional as _conditional
 from .calibration.apply import DeviceCalibration
 from .calibration.candidates import make_step_corpus
 from .calibration.online import OnlineCalibration
-from .calibration.tail import CorpusTail, make_step_tail
+from .calibration.tail import make_step_corpus_tail, make_step_tail
 from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
@@ -126,10 +126,9 @@ class HybridStep:
         if self.tail is not None:
             self.history.reserve_after(gamma)
         # The corpus's tail beside the n-gram one (the better of the two per request; calibration/tail.py).
-        self.ctail = CorpusTail(self.corpus, num_slots, max_bs, gamma, self.tail.tail, self.device,
-                                table=self.corpus_cand.table_src, online=cfg.online_calibration,
-                                strength=cfg.online_strength) \
-            if cfg.corpus_tail and self.tail is not None and self.corpus is not None else None
+        self.ctail = make_step_corpus_tail(cfg.corpus_tail, self.corpus, self.corpus_cand, self.tail,
+                                           num_slots=num_slots, max_bs=max_bs, gamma=gamma, device=self.device,
+                                           online=cfg.online_calibration, strength=cfg.online_strength)
         self.sel = SelectionBuffers(max_bs, self.width, self.device)
         self.conf = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.conf_prev = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)

@@ -273,8 +273,7 @@ def test_a_lookup_after_a_chain_into_out_buffers_equals_one_on_the_extended_hist
     main = c.lookup(h, slots)
     main_before = [t.clone() for t in main.as_tuple()]
     before = (h.tokens.clone(), h.lens.clone())
-    out = CorpusDraft(torch.zeros(4, 5, dtype=torch.int32), *(torch.zeros(4, dtype=torch.int32) for _ in range(4)),
-                      torch.zeros(4, 5, dtype=torch.int32))
+    out = CorpusDraft.zeros(4, 5, "cpu")
     got = h.run_after(slots, torch.tensor(chain, dtype=torch.int32), lambda: c.lookup(h, slots, out=out))
     assert got is out
     assert torch.equal(h.tokens, before[0]) and torch.equal(h.lens, before[1])

@@ -36,7 +36,7 @@ from .candidates import Q_ONE, price_corpus_draft
 from .counters import ChainCounters
 from .online import DEFAULT_STRENGTH, OnlineCalibration
 
-__all__ = ["CorpusTail", "ModelTail", "make_step_tail"]
+__all__ = ["CorpusTail", "ModelTail", "make_step_corpus_tail", "make_step_tail"]
 
 
 class ModelTail:
@@ -223,9 +223,7 @@ class CorpusTail:
         dev = torch.device(device)
         self.corpus, self.tail = corpus, tail
         self.table = table.to_device(max_bs, tail, dev) if table is not None else None
-        i32 = dict(dtype=torch.int32, device=dev)
-        self._draft = CorpusDraft(torch.zeros(max_bs, tail, **i32), *(torch.zeros(max_bs, **i32) for _ in range(4)),
-                                  torch.zeros(max_bs, tail, **i32))
+        self._draft = CorpusDraft.zeros(max_bs, tail, dev)
         self.q = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
         self.surv = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
         self._scale = torch.tensor(1.0 / Q_ONE, dtype=torch.float32, device=dev)
@@ -237,10 +235,7 @@ class CorpusTail:
     def _out(self, bs: int):
         d = self._view_cache.get(bs)
         if d is None:
-            b = self._draft
-            d = CorpusDraft(b.tokens[:bs], b.length[:bs], b.match_len[:bs], b.match_count[:bs], b.score[:bs],
-                            b.q[:bs])
-            self._view_cache[bs] = d
+            d = self._view_cache[bs] = self._draft.rows(bs)
         return d
 
     def reset(self, slots: torch.Tensor) -> None:
@@ -270,3 +265,16 @@ class CorpusTail:
         the target committed all of it, else ``n`` 0): ``ModelTail.update`` calls it."""
         if self.online is not None:
             self.online.update(slots, committed_tail, n)
+
+
+def make_step_corpus_tail(enabled: bool, corpus, corpus_cand, tail: Optional[ModelTail], *, num_slots: int,
+                          max_bs: int, gamma: int, device, online: bool = True,
+                          strength: float = DEFAULT_STRENGTH) -> Optional[CorpusTail]:
+    """The ``CorpusTail`` of a step (option ``corpus_tail``), or ``None`` where it is off or has nothing to extend:
+    no corpus (``make_step_corpus``'s pair is ``None``) or no n-gram tail (``make_step_tail`` gave ``None``). Its
+    tail is as long as the n-gram one, priced with the corpus candidate's fitted table. Shared by ``HybridStep``
+    and the simulator's ``HybridPolicy``."""
+    if not enabled or tail is None or corpus is None:
+        return None
+    return CorpusTail(corpus, num_slots, max_bs, gamma, tail.tail, device, table=corpus_cand.table_src,
+                      online=online, strength=strength)

@@ -119,6 +119,19 @@ class CorpusDraft:
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
         return (self.tokens, self.length, self.match_len, self.match_count, self.score, self.q)
 
+    @classmethod
+    def zeros(cls, rows: int, width: int, device: torch.device | str) -> "CorpusDraft":
+        """Zeroed int32 buffers for ``rows`` lookups of up to ``width`` tokens (``NgramCorpus.lookup(..., out=)``)."""
+        i32 = dict(dtype=torch.int32, device=device)
+        return cls(torch.zeros(rows, width, **i32), *(torch.zeros(rows, **i32) for _ in range(4)),
+                   torch.zeros(rows, width, **i32))
+
+    def rows(self, bs: int, width: int | None = None) -> "CorpusDraft":
+        """Views of the first ``bs`` rows (and ``width`` token columns; default all)."""
+        w = self.tokens.shape[1] if width is None else width
+        return CorpusDraft(self.tokens[:bs, :w], self.length[:bs], self.match_len[:bs], self.match_count[:bs],
+                           self.score[:bs], self.q[:bs, :w])
+
 
 def make_coef(n_max: int, device: torch.device | str, seed: int = 0x5EED) -> torch.Tensor:
     """The hash coefficients ``[5, max(n_max + 1, 8)] int64`` (fixed seed: a table's layout is reproducible)."""
@@ -171,14 +184,7 @@ class NgramCorpus:
         self.max_draft = max_draft
         self._zero_tenant = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
         self._start = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
-        self._draft = CorpusDraft(
-            tokens=torch.zeros((max_batch_size, max_draft), dtype=torch.int32, device=device),
-            length=torch.zeros(max_batch_size, dtype=torch.int32, device=device),
-            match_len=torch.zeros(max_batch_size, dtype=torch.int32, device=device),
-            match_count=torch.zeros(max_batch_size, dtype=torch.int32, device=device),
-            score=torch.zeros(max_batch_size, dtype=torch.int32, device=device),
-            q=torch.zeros((max_batch_size, max_draft), dtype=torch.int32, device=device),
-        )
+        self._draft = CorpusDraft.zeros(max_batch_size, max_draft, device)
         self._insert, self._lookup = _ops(backend)
         # The insert's update keys between its Triton launches (the torch reference needs none); sized for the
         # largest call (decode and prompt chunks both pass max_pos = insert_chunk).
@@ -239,9 +245,7 @@ class NgramCorpus:
             D = self._draft.tokens.shape[1] if max_draft is None else int(max_draft)
             if not 1 <= D <= self._draft.tokens.shape[1]:
                 raise ValueError(f"max_draft must be in [1, {self._draft.tokens.shape[1]}], got {max_draft}")
-            buf = self._draft
-            out = CorpusDraft(buf.tokens[:bs, :D], buf.length[:bs], buf.match_len[:bs], buf.match_count[:bs],
-                              buf.score[:bs], buf.q[:bs, :D])
+            out = self._draft.rows(bs, D)
         self._lookup(self.tag, self.tok, self.cnt, self.coef, history.tokens, history.lens, slots, ten,
                      *out.as_tuple(), self.cfg.n_max, self.cfg.alpha, self.cfg.tau_fixed)
         return out

@@ -28,7 +28,7 @@ from ..calibration.agreement import ModelAgreement
 from ..calibration.candidates import make_step_corpus
 from ..calibration.deferred import DEFAULT_DEPTH
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
-from ..calibration.tail import CorpusTail, make_step_tail
+from ..calibration.tail import make_step_corpus_tail, make_step_tail
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
 from ..selection.sps2d import DenseSps2D, Sps2DTable
@@ -191,10 +191,9 @@ class HybridPolicy:
                                    n_max=n_max, window=window, num_slots=max_bs, max_bs=max_bs, device="cpu",
                                    online=online_calibration, strength=online_strength)
         # The corpus's tail beside the n-gram one (calibration/tail.py: CorpusTail), as HybridStep builds it.
-        self.ctail = CorpusTail(self.corpus, max_bs, max_bs, gamma, self.tail.tail, "cpu",
-                                table=self.corpus_cand.table_src, online=online_calibration,
-                                strength=online_strength) \
-            if corpus_tail and self.tail is not None and self.corpus is not None else None
+        self.ctail = make_step_corpus_tail(corpus_tail, self.corpus, self.corpus_cand, self.tail, num_slots=max_bs,
+                                           max_bs=max_bs, gamma=gamma, device="cpu", online=online_calibration,
+                                           strength=online_strength)
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py), as HybridStep.
         self.agreement = ModelAgreement(max_bs, max_draft, gamma, "cpu", strength=online_strength) \
             if model_agreement and enable_ngram else None
