@@ -111,6 +111,20 @@ def launch_all(bs: int) -> list[str]:
                              q, surv)
     labels += ["calibration apply"]
 
+    from sglang_hybrid.calibration.deferred import DEFAULT_DEPTH
+    from sglang_hybrid.calibration.deferred_kernel import deferred_score_triton
+
+    depth, L = DEFAULT_DEPTH, D
+    f32, i64 = (lambda *sh: torch.zeros(sh, dtype=torch.float32)), (lambda *sh: torch.zeros(sh, dtype=torch.int64))
+    for bins in (8, 0):  # the step's default (bins 8) and the first stage alone
+        rings = (_i32(bs, depth, L), f32(bs, depth, L), i64(bs, depth), i64(bs, depth), i64(bs, depth),
+                 f32(bs, depth, L), i64(bs))
+        c = (f32(bs, depth + 1, L), f32(bs, depth + 1, L), f32(bs, depth + 1, L), f32(bs, depth + 1, L),
+             i64(bs, depth + 1, L))
+        deferred_score_triton(rings, slots, _i32(bs, L), i64(bs), f32(bs, L), i64(bs), f32(bs, L), toks, lens, *c,
+                              bins)
+    labels += ["deferred scoring (bins)", "deferred scoring"]
+
     gamma = 7
     out = SelectionOutput.empty(bs, D)
     sel = (_i32(bs, gamma), torch.ones((bs, gamma)), _i32(bs, D), torch.ones((bs, D)), _i32(bs))

@@ -57,6 +57,8 @@ def main() -> None:
         for n in names:
             if getattr(st, comp, None) is not None:
                 _tag(getattr(st, comp), n, "K")
+    if st.online is not None and st.online.deferred is not None:  # deferred scoring's kernel (Triton backend)
+        _tag(st.online.deferred, "_elems", "K")
     for comp, names in COMPONENTS.items():
         for n in names:
             if getattr(st, comp, None) is not None and hasattr(getattr(st, comp), n):

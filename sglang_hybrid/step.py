@@ -98,7 +98,7 @@ class HybridStep:
         L = self.ngram_cfg.max_draft
         # Per-request recalibration of the table's estimates (None: the table alone).
         self.online = OnlineCalibration(num_slots, max_bs, L, self.device, cfg.online_strength,
-                                        defer=cfg.online_defer, bins=cfg.online_bins) \
+                                        defer=cfg.online_defer, bins=cfg.online_bins, backend=kernel_backend) \
             if cfg.online_calibration else None
         self._hist_start = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         # The cross-request corpus (cfg.corpus != "off"): a second n-gram candidate per request, priced by its

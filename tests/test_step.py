@@ -179,6 +179,8 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
 
     s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
     s.calib_dev._fn = tagged(s.calib_dev._fn)
+    assert s.online is not None and s.online.deferred is not None and s.online.deferred.backend == "triton"
+    s.online.deferred._elems = tagged(s.online.deferred._elems)
     monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
     slots = torch.tensor([0, 1, 2])
     _prefill(s, slots, [list(range(10, 40)) + list(range(10, 14)), list(range(50, 80)), list(range(90, 99)) * 3])
@@ -211,10 +213,10 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
         return False
 
     events = list(prof.events())
-    # 2 x (lookup, calibration, selection, append) + 2 x the tail after the model chain (append, lookup,
-    # calibration): verify_window 8 > gamma leaves it 8 - gamma columns.
+    # 2 x (lookup, calibration, selection, append, deferred scoring) + 2 x the tail after the model chain (append,
+    # lookup, calibration): verify_window 8 > gamma leaves it 8 - gamma columns.
     assert s.tail is not None
-    assert sum(e.name == "hybrid_kernel" for e in events) == 14
+    assert sum(e.name == "hybrid_kernel" for e in events) == 16
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

@@ -13,11 +13,12 @@ Exactness: both compute the survival as a left-to-right float32 product, so they
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import numpy as np
 import torch
+
+from ..backend import resolve_backend
 
 __all__ = ["DeviceCalibration", "apply_calibration_ref", "apply_calibration_triton"]
 
@@ -163,14 +164,8 @@ class DeviceCalibration:
     """
 
     def __init__(self, table: Any, device: torch.device | str, backend: str = "auto") -> None:
-        if backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
         self.device = torch.device(device)
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
-        if backend == "triton" and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"backend 'triton' on device {self.device} needs TRITON_INTERPRET=1")
-        self.backend = backend
+        self.backend = backend = resolve_backend(backend, self.device)
         self.table = torch.tensor(np.ascontiguousarray(table.q, dtype=np.float32).reshape(-1), device=self.device)
         self.device = self.table.device  # normalised ("cuda" -> "cuda:0"), compared against inputs' devices
         self.source = table.source

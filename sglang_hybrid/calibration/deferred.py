@@ -26,6 +26,8 @@ from types import SimpleNamespace
 
 import torch
 
+from ..backend import resolve_backend
+
 DEFAULT_DEPTH = 8  # drafts kept per slot: at large batch ~1.5 tokens commit per step, so 8 steps cover ~12
 
 
@@ -38,10 +40,11 @@ class DeferredScoring:
     """
 
     def __init__(self, num_slots: int, max_bs: int, width: int, depth: int, device: torch.device | str,
-                 bins: int = 0) -> None:
+                 bins: int = 0, backend: str = "auto") -> None:
         if depth < 1:
             raise ValueError(f"deferred scoring depth: must be >= 1, got {depth}")
         dev = torch.device(device)
+        self.backend = resolve_backend(backend, dev)
         self.depth, self.width, self.bins = depth, width, int(bins)
         D, L, D1 = depth, width, depth + 1
         i32, i64, f32 = (dict(dtype=t, device=dev) for t in (torch.int32, torch.int64, torch.float32))
@@ -64,6 +67,17 @@ class DeferredScoring:
         self._coloff = torch.arange(L, **i64).view(1, 1, L) * max(bins, 1)
         self.done = torch.zeros(num_slots, D, **i64)  # leading tokens already scored (all of them matched)
         self.ptr = torch.zeros(num_slots, **i64)  # the entry the next draft takes
+        self.rings = (self.tok, self.q, self.start, self.length, self.done, self.q1, self.ptr)
+        # Each draft token's evidence (entries D + 1, positions L), reduced by ``_reduce``; with bins, its cell.
+        self._fail_c = torch.zeros(max_bs, D1, L, **f32)
+        self._ok_c = torch.zeros(max_bs, D1, L, **f32)
+        self._bfail_c = torch.zeros(max_bs, D1 if bins else 1, L, **f32)
+        self._bok_c = torch.zeros(max_bs, D1 if bins else 1, L, **f32)
+        self._elems = self._elems_torch
+        if self.backend == "triton":
+            from .deferred_kernel import deferred_score_triton
+
+            self._elems = deferred_score_triton
         # Scratch: the slot's ring plus this step's draft as column D.
         self._tok = torch.zeros(max_bs, D1, L, **i32)
         self._q = torch.zeros(max_bs, D1, L, **f32)
@@ -132,7 +146,7 @@ class DeferredScoring:
         for name in ("slots", "tok", "q", "start", "len", "done", "ptr", "hlen", "known", "lim", "pos", "valid",
                      "eq", "match", "pref", "tried", "ok", "tmp", "fail", "det", "b1", "newf", "new", "ix2", "ix",
                      "lo", "base", "htok", "hl32", "hl64", "rtok", "rq", "rst", "rln", "rdone", "q1", "rq1", "bidx",
-                     "s1", "s2", "s3"):
+                     "s1", "s2", "s3", "fail_c", "ok_c", "bfail_c", "bok_c"):
             setattr(v, name, getattr(self, "_" + name)[:bs])
         v.rings = ((self.tok, v.rtok), (self.q, v.rq), (self.start, v.rst), (self.length, v.rln),
                    (self.done, v.rdone))  # each ring with its gather buffer
@@ -145,6 +159,7 @@ class DeferredScoring:
         v.ptr_col, v.ix2_x = v.ptr.view(-1, 1), v.ix2.unsqueeze(2).expand(bs, 1, L)
         v.st3, v.lo3, v.done3 = v.start.unsqueeze(2), v.lo.unsqueeze(2), v.done.unsqueeze(2)
         v.base3, v.pos_flat, v.htok_flat = v.base.view(-1, 1, 1), v.pos.view(-1), v.htok.view(-1)
+        v.bidx_flat, v.bfail_flat, v.bok_flat = v.bidx.reshape(-1), v.bfail_c.reshape(-1), v.bok_c.reshape(-1)
         self._view_cache[bs] = v
         return v
 
@@ -161,6 +176,34 @@ class DeferredScoring:
         With ``bins``: ``q1 [bs, L]`` this step's first-stage estimates, and ``bin_tried_out`` / ``bin_ok_out
         [bins]`` the same sums scored with ``q1`` and gathered by the bin of ``q1`` (``bin_evidence``).
         """
+        bs = tokens.shape[0]
+        if self.bins and (q1 is None or bin_tried_out is None or bin_ok_out is None):
+            raise ValueError("deferred scoring with bins: score needs q1, bin_tried_out and bin_ok_out")
+        v = self._views(bs)
+        self._elems(self.rings, slots, tokens, length, q, start, q1, hist_tokens, hist_lens, v.fail_c, v.ok_c,
+                    v.bfail_c, v.bok_c, v.bidx, self.bins)
+        self._reduce(v, tried_out, ok_out, bin_tried_out, bin_ok_out)
+
+    def _reduce(self, v: SimpleNamespace, tried_out: torch.Tensor, ok_out: torch.Tensor,
+                bin_tried_out: torch.Tensor | None, bin_ok_out: torch.Tensor | None) -> None:
+        """The sums of both paths (same ops, so the same float order): over the ring, and with bins by cell."""
+        torch.sum(v.fail_c, 1, out=tried_out)
+        torch.sum(v.ok_c, 1, out=ok_out)
+        if self.bins:
+            for out, c in ((bin_tried_out, v.bfail_flat), (bin_ok_out, v.bok_flat)):
+                out.zero_()
+                out.index_add_(0, v.bidx_flat, c)
+
+    def _elems_torch(self, rings: tuple, slots: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor,
+                     q: torch.Tensor, start: torch.Tensor, q1: torch.Tensor | None, hist_tokens: torch.Tensor,
+                     hist_lens: torch.Tensor, fail_c: torch.Tensor, ok_c: torch.Tensor, bfail_c: torch.Tensor,
+                     bok_c: torch.Tensor, bidx: torch.Tensor, bins: int) -> None:
+        """Plain-torch reference of ``deferred_kernel.deferred_score_triton`` (same signature, same writes):
+        ``fail_c`` / ``ok_c [bs, D + 1, L]`` each draft token's ``q (1 - y)`` / ``(1 - q) y`` where compared for
+        the first time, else 0; with ``bins``, ``bfail_c`` / ``bok_c`` the same with ``q1`` and ``bidx`` its cell
+        ``j bins + bin(q1)``; ``rings`` (``self.rings``, read through the cached views) updated in place."""
+        if rings is not self.rings or bins != self.bins:
+            raise ValueError("deferred scoring: the torch path scores its own rings")
         bs, L = tokens.shape
         W = hist_tokens.shape[1]
         v = self._views(bs)
@@ -230,17 +273,15 @@ class DeferredScoring:
             f1, o1 = v.s1, v.s2
             torch.mul(tmp, newf, out=f1)
             torch.mul(ok, newf, out=o1)
-            bidx = v.bidx
-            bin_index(q1g, self._kf, self._zero_i, self._kmax, tmp, bidx, self._coloff)
-            bin_evidence(f1, o1, q1g, bidx, tmp, v.s3, bin_tried_out, bin_ok_out, self._one)
-            torch.sub(tried, ok, out=tmp)  # tmp was scratch above: 1 at the failed token again
-        tmp.mul_(qq)  # q (1 - y) on the failed token
-        tmp.mul_(newf)
-        torch.sum(tmp, 1, out=tried_out)
-        torch.sub(self._one, qq, out=tmp)
-        tmp.mul_(ok)
-        tmp.mul_(newf)
-        torch.sum(tmp, 1, out=ok_out)
+            bin_index(q1g, self._kf, self._zero_i, self._kmax, v.s3, bidx, self._coloff)
+            torch.mul(f1, q1g, out=bfail_c)  # as bin_evidence: q1 on the failed token, (1 - q1) on accepted ones
+            torch.sub(self._one, q1g, out=bok_c)
+            bok_c.mul_(o1)
+        torch.mul(tmp, qq, out=fail_c)  # q (1 - y) on the failed token
+        fail_c.mul_(newf)
+        torch.sub(self._one, qq, out=ok_c)
+        ok_c.mul_(ok)
+        ok_c.mul_(newf)
         # Drop the determined drafts, note how far the open ones are scored; the new draft (if open) takes entry
         # ptr, replacing the oldest (whose compared tokens are already scored); ptr advances.
         done.copy_(v.lim0)

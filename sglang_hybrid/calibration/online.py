@@ -67,6 +67,7 @@ class OnlineCalibration:
         defer: 0: ``update`` scores each draft against its own step's commit; ``D`` > 0: drafts are scored
             against the history as it arrives, kept open up to ``D`` steps (``deferred.py``), with
             ``apply(..., start=)`` and ``update_from_history`` in place of ``update``.
+        backend: the deferred scoring's kernel (``"auto"``: Triton on CUDA, torch elsewhere).
         bins: ``K`` > 0: a second, traffic-level stage by the recalibrated estimate's value (``K`` equal bins of
             ``q'`` in [0, 1]): ``q'' = odds(q') * (BO_k + s) / (BE_k + s)`` from the same sums as ``E`` / ``O``
             but scored with ``q'`` and kept per bin (decayed like the traffic level). The first stage fixes the
@@ -76,7 +77,7 @@ class OnlineCalibration:
 
     def __init__(self, num_slots: int, max_bs: int, width: int, device: torch.device | str,
                  strength: float = DEFAULT_STRENGTH, global_decay: float = DEFAULT_GLOBAL_DECAY,
-                 defer: int = 0, bins: int = 0) -> None:
+                 defer: int = 0, bins: int = 0, backend: str = "auto") -> None:
         if not strength > 0:
             raise ValueError(f"online calibration strength: must be > 0, got {strength}")
         if not 0.0 <= global_decay <= 1.0:
@@ -124,7 +125,8 @@ class OnlineCalibration:
         if bins < 0:
             raise ValueError(f"online calibration bins: must be >= 0, got {bins}")
         self.bins = int(bins)
-        self.deferred = DeferredScoring(num_slots, max_bs, width, defer, self.device, bins=self.bins) \
+        self.deferred = DeferredScoring(num_slots, max_bs, width, defer, self.device, bins=self.bins,
+                                        backend=backend) \
             if defer else None
         K = max(self.bins, 1)
         KL = K * width  # cells: position j, bin k of q' (position-major), so the bins correct the spread within a

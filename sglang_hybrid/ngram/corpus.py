@@ -33,7 +33,6 @@ so multi-tenant deployments should use ``isolation="tenant"`` or ``"off"``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 
 from ..hostsync import host_reads_allowed
+from ..backend import resolve_backend
 from . import corpus_reference as ref
 
 __all__ = ["CorpusConfig", "CorpusDraft", "NgramCorpus", "make_corpus", "ISOLATION_MODES", "make_coef"]
@@ -164,12 +164,7 @@ class NgramCorpus:
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         device = torch.device(device)
-        if backend == "auto":
-            backend = "triton" if device.type == "cuda" else "torch"
-        if backend not in ("torch", "triton"):
-            raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-        if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"backend 'triton' on device {device} needs TRITON_INTERPRET=1")
+        backend = resolve_backend(backend, device)
         self.cfg = cfg
         self.backend = backend
         self.device = device

@@ -13,12 +13,12 @@ batch entry can therefore use slot ``-1``.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable, TypeVar
 
 import torch
 
 from ..hostsync import host_reads_allowed
+from ..backend import BACKENDS, resolve_backend
 from . import reference
 from .config import NgramConfig, NgramDraft
 
@@ -28,7 +28,6 @@ __all__ = ["TokenHistory", "BACKENDS"]
 
 logger = logging.getLogger("sglang_hybrid.ngram")
 
-BACKENDS = ("auto", "torch", "triton")
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -88,16 +87,8 @@ class TokenHistory:
             max_batch_size = num_slots
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         device = torch.device(device)
-        if backend == "auto":
-            backend = "triton" if device.type == "cuda" else "torch"
-        if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(
-                f"backend 'triton' on device {device} needs TRITON_INTERPRET=1 set before triton is imported"
-            )
-        self.backend = backend
+        self.backend = backend = resolve_backend(backend, device)
         self.num_slots = num_slots
         self.width = width
         self.max_batch_size = max_batch_size
