@@ -125,6 +125,22 @@ def launch_all(bs: int) -> list[str]:
                               bins)
     labels += ["deferred scoring (bins)", "deferred scoring"]
 
+    from sglang_hybrid.calibration.online_kernel import online_apply_triton
+
+    for bins in (8, 0):  # the step's n-gram record (bins 8) and the corpus candidates' (none)
+        K = max(bins, 1)
+        online_apply_triton(f32(bs, L), f32(bs, L), f32(L), f32(L), f32(K * L), f32(K * L), 2.0, slots, _i32(bs, L),
+                            i64(bs), f32(bs, L), f32(bs, L), i64(bs), _i32(bs, L), i64(bs), f32(bs, L), f32(bs, L),
+                            i64(bs, L), bins)
+    labels += ["online apply (bins)", "online apply"]
+
+    from sglang_hybrid.calibration.online_kernel import online_update_triton
+
+    for bins in (8, 0):
+        online_update_triton(slots, _i32(bs, L), i64(bs), f32(bs, L), f32(bs, L), _i32(bs, 9), _i32(bs), i64(bs),
+                             f32(bs, L), f32(bs, L), f32(bs, L), f32(bs, L), bins)
+    labels += ["online update (bins)", "online update"]
+
     gamma = 7
     out = SelectionOutput.empty(bs, D)
     sel = (_i32(bs, gamma), torch.ones((bs, gamma)), _i32(bs, D), torch.ones((bs, D)), _i32(bs))

@@ -57,7 +57,12 @@ def main() -> None:
         for n in names:
             if getattr(st, comp, None) is not None:
                 _tag(getattr(st, comp), n, "K")
-    if st.online is not None and st.online.deferred is not None:  # deferred scoring's kernel (Triton backend)
+    # The online records' kernels (Triton backend): apply in each record, and the step's deferred scoring.
+    for rec in (st.online, *(getattr(getattr(st, c, None), "online", None) for c in ("tail", "corpus_cand", "ctail"))):
+        if rec is not None and rec._apply_kernel is not None:
+            _tag(rec, "_apply_kernel", "K")
+            _tag(rec, "_update_elems", "K")
+    if st.online is not None and st.online.deferred is not None:
         _tag(st.online.deferred, "_elems", "K")
     for comp, names in COMPONENTS.items():
         for n in names:

@@ -10,7 +10,7 @@
 #   env             nvidia-smi, python / torch / triton / CUDA versions, pytest availability
 #   wheels          install carried wheels from .whl/ (if present) into /tmp/site, put it on PYTHONPATH
 #   tests_calibration  tests/test_calibration_apply.py,    } HYBRID_TEST_DEVICE=cuda TRITON_INTERPRET=0: the
-#                      tests/test_calibration_deferred_kernel.py }
+#                      tests/test_calibration_{deferred,online}_kernel.py }
 #   tests_ngram        tests/test_ngram_*.py               } compiled Triton kernels vs the torch reference, exactly
 #   tests_selection tests/test_selection_*.py that take the kernel_device fixture (likewise on CUDA); files that
 #                   import sglang are not run when sglang is absent, files without kernel_device are not run
@@ -23,8 +23,8 @@
 #   bench_step      scripts/bench_step.py: the whole decode step (propose + record, DSpark shape, corpus off and
 #                   shared) at bs {1,4,32,128}, eager and as a CUDA-graph replay; also a test: the graph's
 #                   proposals and final state must equal the eager step's bit for bit
-#   bench_deferred  scripts/bench_deferred.py: the online calibration's deferred scoring, torch against its Triton
-#                   kernel, eager and as a CUDA-graph replay, bs {1,4,32,128}
+#   bench_online    scripts/bench_online.py: the online calibration's apply and deferred scoring, torch against
+#                   their Triton kernels, eager and as a CUDA-graph replay, bs {1,4,32,128}
 #   bench_ngram     scripts/bench_ngram.py on CUDA, bs {1,4,32,128} x history {1k,8k,32k,128k}, torch and
 #                   Triton; then the Triton column again as CUDA-graph replays (bench_ngram_graph)
 #   bench_corpus    scripts/bench_ngram.py --corpus: the cross-request corpus's lookup and insert, torch and
@@ -240,7 +240,8 @@ fi
 
 # ---------------------------------------------------------------------------------------------------- tests
 run_section tests_calibration test 120 "$WORK/tests_calibration.txt" "${KERNEL_ENV[@]}" -- \
-    "${PYTEST[@]}" tests/test_calibration_apply.py tests/test_calibration_deferred_kernel.py
+    "${PYTEST[@]}" tests/test_calibration_apply.py tests/test_calibration_deferred_kernel.py \
+    tests/test_calibration_online_kernel.py
 run_section tests_ngram test 240 "$WORK/tests_ngram.txt" "${KERNEL_ENV[@]}" -- "${PYTEST[@]}" tests/test_ngram_*.py
 
 # The corpus's lookup + insert as CUDA-graph replays, bs 128 first: issue 14's budget (under 30 us together)
@@ -254,9 +255,9 @@ run_section tests_step_graphs test 120 "$WORK/tests_step_graphs.txt" "${KERNEL_E
 # The whole decode step (propose + record) eager and as a CUDA-graph replay, and the graph == eager check
 # (a test: a graph that differs from the eager step, or fails to capture, fails the script).
 run_section bench_step test 240 "$WORK/bench_step.md" TRITON_INTERPRET="$INTERP" -- "$PY" "${STEP_BENCH[@]}"
-# The online calibration's deferred scoring: torch path against its Triton kernel, eager and graph
-run_section bench_deferred bench 60 "$WORK/bench_deferred.md" TRITON_INTERPRET="$INTERP" -- \
-    "$PY" scripts/bench_deferred.py --device "$DEV" --bs 1,4,32,128
+# The online calibration's apply and deferred scoring: torch against their Triton kernels, eager and graph
+run_section bench_online bench 60 "$WORK/bench_online.md" TRITON_INTERPRET="$INTERP" -- \
+    "$PY" scripts/bench_online.py --device "$DEV" --bs 1,4,32,128
 
 SEL_RUN=()
 SEL_NOTES=()
@@ -342,7 +343,7 @@ if [ "$TEST_FAILED" = 0 ]; then VERDICT="PASS"; else VERDICT="FAIL"; fi
             echo '```'
         fi
     done
-    for b in bench_step bench_deferred bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph bench_selection; do
+    for b in bench_step bench_online bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph bench_selection; do
         if [ -s "$WORK/$b.md" ]; then echo; echo "## $b"; echo; cat "$WORK/$b.md"; fi
     done
     if [ -s "$WORK/e2e.txt" ]; then echo; echo "## e2e"; echo; echo '```'; tail -n 30 "$WORK/e2e.txt"; echo '```'; fi

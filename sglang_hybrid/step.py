@@ -122,13 +122,14 @@ class HybridStep:
         self.tail = make_step_tail(
             cfg.model_tail if cfg.enable_model and cfg.enable_ngram else 0, width=self.width, gamma=gamma,
             n_min=cfg.n_min, n_max=cfg.n_max, window=cfg.window, num_slots=num_slots, max_bs=max_bs,
-            device=self.device, online=cfg.online_calibration, strength=cfg.online_strength)
+            device=self.device, online=cfg.online_calibration, strength=cfg.online_strength, backend=kernel_backend)
         if self.tail is not None:
             self.history.reserve_after(gamma)
         # The corpus's tail beside the n-gram one (the better of the two per request; calibration/tail.py).
         self.ctail = make_step_corpus_tail(cfg.corpus_tail, self.corpus, self.corpus_cand, self.tail,
                                            num_slots=num_slots, max_bs=max_bs, gamma=gamma, device=self.device,
-                                           online=cfg.online_calibration, strength=cfg.online_strength)
+                                           online=cfg.online_calibration, strength=cfg.online_strength,
+                                           backend=kernel_backend)
         self.sel = SelectionBuffers(max_bs, self.width, self.device)
         self.conf = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.conf_prev = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)

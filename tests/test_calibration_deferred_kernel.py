@@ -131,11 +131,13 @@ def test_kernel_bin_sums_equal_the_oracle(kernel_device):
 
 def test_online_calibration_with_the_kernel_equals_the_torch_path(kernel_device):
     """``OnlineCalibration(defer, bins)`` end to end (apply, append, update_from_history): the records, the
-    traffic level and the bins are the same bit for bit whichever backend scores the drafts."""
+    traffic level and the bins are the same bit for bit whichever backend scores the drafts. (``apply`` runs as
+    torch ops in both, since its own kernel sums in another order: ``test_calibration_online_kernel.py``.)"""
     dev = kernel_device
     rng = np.random.default_rng(3)
     L, N, bs = 6, 5, 3
     ons = [OnlineCalibration(N, bs, L, dev, defer=4, bins=8, backend=b) for b in ("torch", "triton")]
+    ons[1]._apply_kernel = None  # the deferred scoring alone differs between the two
     hist = TokenHistory(N, 128, dev, backend="torch", max_draft=16)
     hist.write_prompt(torch.arange(N, device=dev), torch.zeros(N, 2, dtype=torch.int32, device=dev),
                       torch.full((N,), 2, dtype=torch.int32, device=dev))

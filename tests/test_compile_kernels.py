@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "compile_kernels.py"
 LAUNCHES = ("history write_prompt", "history append", "history reset", "n-gram lookup", "corpus lookup",
             "corpus insert claim", "corpus insert resolve", "corpus insert count", "calibration apply",
-            "deferred scoring (bins)", "deferred scoring", "selection (budget)", "selection (SPS price)")
+            "deferred scoring (bins)", "deferred scoring", "online apply (bins)", "online apply",
+            "online update (bins)", "online update", "selection (budget)", "selection (SPS price)")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

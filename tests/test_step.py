@@ -181,6 +181,9 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     s.calib_dev._fn = tagged(s.calib_dev._fn)
     assert s.online is not None and s.online.deferred is not None and s.online.deferred.backend == "triton"
     s.online.deferred._elems = tagged(s.online.deferred._elems)
+    for rec in (s.online, s.tail.online):  # the online records' kernels
+        assert rec._apply_kernel is not None
+        rec._apply_kernel, rec._update_elems = tagged(rec._apply_kernel), tagged(rec._update_elems)
     monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
     slots = torch.tensor([0, 1, 2])
     _prefill(s, slots, [list(range(10, 40)) + list(range(10, 14)), list(range(50, 80)), list(range(90, 99)) * 3])
@@ -213,10 +216,11 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
         return False
 
     events = list(prof.events())
-    # 2 x (lookup, calibration, selection, append, deferred scoring) + 2 x the tail after the model chain (append,
-    # lookup, calibration): verify_window 8 > gamma leaves it 8 - gamma columns.
+    # 2 x (lookup, calibration, online apply, selection, append, deferred scoring) + 2 x the tail after the model
+    # chain (append, lookup, calibration, online apply, online update): verify_window 8 > gamma leaves it 8 - gamma
+    # columns.
     assert s.tail is not None
-    assert sum(e.name == "hybrid_kernel" for e in events) == 16
+    assert sum(e.name == "hybrid_kernel" for e in events) == 22
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

@@ -165,6 +165,8 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
     s.corpus._lookup, s.corpus._insert = tagged(s.corpus._lookup), tagged(s.corpus._insert)
     s.calib_dev._fn = tagged(s.calib_dev._fn)
     s.online.deferred._elems = tagged(s.online.deferred._elems)
+    for rec in (s.online, s.tail.online, s.corpus_cand.online) + ((s.ctail.online,) if corpus_tail else ()):
+        rec._apply_kernel, rec._update_elems = tagged(rec._apply_kernel), tagged(rec._update_elems)
     monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
     slots = torch.tensor([0, 1, 2])
     _prefill(s, slots, [list(range(10, 40)) + list(range(10, 14)), list(range(50, 80)), list(range(90, 99)) * 3])
@@ -189,9 +191,10 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
         return False
 
     events = list(prof.events())
-    # lookup, corpus lookup, calibration, selection, append, corpus insert, deferred scoring, and the model chain's
-    # tail (append, lookup, calibration; with the corpus's tail, its corpus lookup too)
-    assert sum(e.name == "hybrid_kernel" for e in events) == 10 + corpus_tail
+    # lookup, corpus lookup, calibration, the n-gram's and the corpus's online apply, selection, append, corpus
+    # insert, deferred scoring, the corpus's online update, and the model chain's tail (append, lookup,
+    # calibration, online apply and update; with the corpus's tail, its corpus lookup, online apply and update)
+    assert sum(e.name == "hybrid_kernel" for e in events) == 15 + 3 * corpus_tail
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

@@ -56,7 +56,7 @@ class CorpusCandidate:
     """
 
     def __init__(self, num_slots: int, max_bs: int, width: int, device: torch.device | str, *,
-                 online: bool = True, strength: float = DEFAULT_STRENGTH, table=None) -> None:
+                 online: bool = True, strength: float = DEFAULT_STRENGTH, table=None, backend: str = "auto") -> None:
         dev = torch.device(device)
         self.width = width
         self.table_src = table  # the host table (the corpus tail makes its own device copy)
@@ -69,7 +69,7 @@ class CorpusCandidate:
         self._e_own = torch.zeros(max_bs, dtype=torch.float32, device=dev)
         self._e_corpus = torch.zeros(max_bs, dtype=torch.float32, device=dev)
         self._scale = torch.tensor(1.0 / Q_ONE, dtype=torch.float32, device=dev)
-        self.online = OnlineCalibration(num_slots, max_bs, width, dev, strength) if online else None
+        self.online = OnlineCalibration(num_slots, max_bs, width, dev, strength, backend=backend) if online else None
         # Request-steps that verified a corpus chain, and the drafts accepted on them (``counts()``).
         self.counters = ChainCounters(max_bs, dev, ("corpus_chosen", "accepted_corpus"), offset=1)
         self._one = torch.ones((), dtype=torch.int32, device=dev)
@@ -161,4 +161,4 @@ def make_step_corpus(isolation: str, entries: int, *, num_slots: int, max_bs: in
         fitted.check_corpus(cfg)
     corpus = NgramCorpus(cfg, device, backend=backend, max_batch_size=max_bs, max_draft=width)
     return corpus, CorpusCandidate(num_slots, max_bs, width, device, online=online, strength=strength,
-                                   table=fitted)
+                                   table=fitted, backend=backend)

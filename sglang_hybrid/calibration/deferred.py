@@ -174,7 +174,7 @@ class DeferredScoring:
         ``hist_lens [num_slots]``: the history *after* this step's append. ``tried_out`` / ``ok_out [bs, L]``:
         ``q_j (1 - y_j)`` on a failed token and ``(1 - q_j) y_j`` on an accepted one, summed over the newly compared.
         With ``bins``: ``q1 [bs, L]`` this step's first-stage estimates, and ``bin_tried_out`` / ``bin_ok_out
-        [bins]`` the same sums scored with ``q1`` and gathered by the bin of ``q1`` (``bin_evidence``).
+        [bins]`` the same sums scored with ``q1`` and gathered by the bin of ``q1``.
         """
         bs = tokens.shape[0]
         if self.bins and (q1 is None or bin_tried_out is None or bin_ok_out is None):
@@ -274,7 +274,7 @@ class DeferredScoring:
             torch.mul(tmp, newf, out=f1)
             torch.mul(ok, newf, out=o1)
             bin_index(q1g, self._kf, self._zero_i, self._kmax, v.s3, bidx, self._coloff)
-            torch.mul(f1, q1g, out=bfail_c)  # as bin_evidence: q1 on the failed token, (1 - q1) on accepted ones
+            torch.mul(f1, q1g, out=bfail_c)  # q1 on the failed token, (1 - q1) on the accepted ones
             torch.sub(self._one, q1g, out=bok_c)
             bok_c.mul_(o1)
         torch.mul(tmp, qq, out=fail_c)  # q (1 - y) on the failed token
@@ -313,18 +313,6 @@ def bin_index(q: torch.Tensor, k_f: torch.Tensor, zero_i: torch.Tensor, kmax: to
     out.copy_(scratch)
     torch.clamp(out, zero_i, kmax, out=out)
     out.add_(col_offset)
-
-
-def bin_evidence(fail: torch.Tensor, ok: torch.Tensor, q1: torch.Tensor, bidx: torch.Tensor, scratch: torch.Tensor,
-                 scratch2: torch.Tensor, bin_e: torch.Tensor, bin_o: torch.Tensor, one: torch.Tensor) -> None:
-    """Sums by bin: ``bin_e[k] = sum q1 fail``, ``bin_o[k] = sum (1 - q1) ok`` over tokens in bin ``k``."""
-    torch.mul(fail, q1, out=scratch)
-    bin_e.zero_()
-    bin_e.index_add_(0, bidx.reshape(-1), scratch.reshape(-1))
-    torch.sub(one, q1, out=scratch2)
-    scratch2.mul_(ok)
-    bin_o.zero_()
-    bin_o.index_add_(0, bidx.reshape(-1), scratch2.reshape(-1))
 
 
 class DeferredScoringRef:

@@ -119,5 +119,5 @@ def deferred_score_triton(rings: tuple, slots: torch.Tensor, tokens: torch.Tenso
         hist_tokens.shape[1], hist_tokens.stride(0), tokens.stride(0), tokens.stride(1), q.stride(0), q.stride(1),
         q1.stride(0) if bins else 0, q1.stride(1) if bins else 0, float(K), K - 1,
         D=D, L=L, BLOCK_D=triton.next_power_of_2(D + 1), BLOCK_L=max(2, triton.next_power_of_2(L)),
-        BINS=bool(bins),
+        BINS=bool(bins), enable_fp_fusion=False,  # as the torch path: every product rounded on its own
     )

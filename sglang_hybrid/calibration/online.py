@@ -46,7 +46,8 @@ from types import SimpleNamespace
 
 import torch
 
-from .deferred import DEFAULT_DEPTH, DeferredScoring, bin_evidence, bin_index
+from ..backend import resolve_backend
+from .deferred import DEFAULT_DEPTH, DeferredScoring, bin_index
 
 DEFAULT_STRENGTH = 2.0
 # Per request-step (one request's draft scored in one decode step): the traffic-level records remember about the
@@ -67,7 +68,8 @@ class OnlineCalibration:
         defer: 0: ``update`` scores each draft against its own step's commit; ``D`` > 0: drafts are scored
             against the history as it arrives, kept open up to ``D`` steps (``deferred.py``), with
             ``apply(..., start=)`` and ``update_from_history`` in place of ``update``.
-        backend: the deferred scoring's kernel (``"auto"``: Triton on CUDA, torch elsewhere).
+        backend: ``"triton"``: ``apply`` and the deferred scoring run as Triton kernels (``online_kernel.py``,
+            ``deferred_kernel.py``); ``"torch"``: as torch ops; ``"auto"``: Triton on CUDA, torch elsewhere.
         bins: ``K`` > 0: a second, traffic-level stage by the recalibrated estimate's value (``K`` equal bins of
             ``q'`` in [0, 1]): ``q'' = odds(q') * (BO_k + s) / (BE_k + s)`` from the same sums as ``E`` / ``O``
             but scored with ``q'`` and kept per bin (decayed like the traffic level). The first stage fixes the
@@ -86,6 +88,14 @@ class OnlineCalibration:
             raise ValueError(f"online calibration: num_slots, max_bs and width must be >= 1, "
                              f"got {num_slots}, {max_bs}, {width}")
         self.device = torch.device(device)
+        self.backend = resolve_backend(backend, self.device)
+        self._apply_kernel = None  # apply as one Triton launch (online_kernel.py); None: the torch ops below
+        self._update_elems = self._update_elems_torch
+        if self.backend == "triton":
+            from .online_kernel import online_apply_triton, online_update_triton
+
+            self._apply_kernel = online_apply_triton
+            self._update_elems = online_update_triton
         self.strength = float(strength)
         self.width = width
         f32 = dict(dtype=torch.float32, device=self.device)
@@ -139,6 +149,8 @@ class OnlineCalibration:
         self._bin_o = torch.zeros(KL, **f32)
         self._coloff = torch.arange(width, dtype=torch.int64, device=self.device).view(1, width) * K
         self._q1 = torch.zeros(max_bs, width, **f32)  # this step's first-stage estimates q'
+        self._fb = torch.zeros(max_bs, width, **f32)  # update's evidence scored with q' (bins)
+        self._ob = torch.zeros(max_bs, width, **f32)
         self._bidx = torch.zeros(max_bs, width, dtype=torch.int64, device=self.device)
         self._rb = torch.zeros(max_bs, width, **f32)
         self._kf = torch.tensor(float(K), **f32)
@@ -157,14 +169,14 @@ class OnlineCalibration:
             return v
         v = SimpleNamespace()
         for name in ("q", "tok", "len", "slots", "e", "o", "r", "f", "es", "os", "match", "pref", "lim", "inf",
-                     "clen", "q1", "bidx", "rb", "start"):
+                     "clen", "q1", "bidx", "rb", "start", "fb", "ob"):
             setattr(v, name, getattr(self, "_" + name)[:bs])
         v.inside = self._in[:bs]
         v.len_col = v.len.view(-1, 1)
         v.cmt, v.tok_k, v.inside_k, v.match_k = self._cmt[:bs, :k], v.tok[:, :k], v.inside[:, :k], v.match[:, :k]
         v.inside_rest = v.inside[:, k:]
         v.pref0, v.pref_rest, v.pref_l = v.pref[:, :1], v.pref[:, 1:], v.pref[:, : self.width]
-        v.bidx_flat, v.rb_flat = v.bidx.view(-1), v.rb.view(-1)
+        v.bidx_flat, v.rb_flat, v.fb_flat, v.ob_flat = v.bidx.view(-1), v.rb.view(-1), v.fb.view(-1), v.ob.view(-1)
         self._view_cache[(bs, k)] = v
         return v
 
@@ -191,6 +203,11 @@ class OnlineCalibration:
             if start is None:
                 raise ValueError("online calibration with defer > 0: apply needs start= (history lengths)")
             v.start.copy_(start)
+        if self._apply_kernel is not None:
+            self._apply_kernel(self.expected, self.observed, self.global_expected, self.global_observed,
+                               self.bin_expected, self.bin_observed, self.strength, slots, tokens, length, q,
+                               survival, v.slots, v.tok, v.len, v.q, v.q1, v.bidx, self.bins)
+            return
         s = v.slots
         s.copy_(slots)  # int32 or int64 slots, no allocation
         v.q.copy_(q)
@@ -247,10 +264,30 @@ class OnlineCalibration:
         ``committed [bs, K]``: the tokens the target produced (accepted drafts, then the bonus token).
         """
         bs = committed.shape[0]
+        v = self._views(bs, min(self.width, committed.shape[1]))
+        self._update_elems(slots, v.tok, v.len, v.q, v.q1, committed, commit_len, v.slots, v.e, v.o, v.fb, v.ob,
+                           self.bins)
+        if self.bins:
+            for rec, c in ((self._bin_e, v.fb_flat), (self._bin_o, v.ob_flat)):
+                rec.zero_()
+                rec.index_add_(0, v.bidx_flat, c)
+        self._add(v.slots, v.e, v.o)
+
+    def _update_elems_torch(self, slots: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
+                            q1: torch.Tensor, committed: torch.Tensor, commit_len: torch.Tensor,
+                            keep_slots: torch.Tensor, tried: torch.Tensor, ok: torch.Tensor, fb: torch.Tensor,
+                            ob: torch.Tensor, bins: int) -> None:
+        """Plain-torch reference of ``online_kernel.online_update_triton`` (same signature, same writes): each
+        kept draft token's evidence, ``q`` on the failed token and ``1 - q`` on the accepted ones (``tried`` /
+        ``ok``), with bins the same with ``q1`` (``fb`` / ``ob``). ``tokens`` / ``length`` / ``q`` / ``q1`` are this
+        record's kept rows, read through the cached views."""
+        bs = committed.shape[0]
         L = self.width
         k = min(L, committed.shape[1])
         v = self._views(bs, k)
-        s = v.slots
+        if tokens is not v.tok or q is not v.q:
+            raise ValueError("online calibration: the torch update scores its own kept drafts")
+        s = keep_slots
         s.copy_(slots)
         match, lim, inside = v.match, v.lim, v.inside
         match.zero_()
@@ -267,17 +304,16 @@ class OnlineCalibration:
         inside_f.copy_(inside)
         v.pref0.copy_(self._one)
         torch.cumprod(match, 1, out=v.pref_rest)  # pref[:, j] = tokens 0..j-1 all matched
-        tried, ok = v.e, v.o
         torch.mul(v.pref_l, inside_f, out=tried)
         torch.mul(v.pref_rest, inside_f, out=ok)
-        qb, miss = v.q, v.r
         tried.sub_(ok)  # 1 at the failed token
-        if self.bins:
-            bin_evidence(tried, ok, v.q1, v.bidx, v.rb, miss, self._bin_e, self._bin_o, self._one)
-        tried.mul_(qb)  # q (1 - y) over tried tokens
-        torch.sub(self._one, qb, out=miss)
-        ok.mul_(miss)  # (1 - q) y
-        self._add(s, tried, ok)
+        if bins:  # scored with q1 for the bins: q1 on the failed token, (1 - q1) on the accepted ones
+            torch.mul(tried, q1, out=fb)
+            torch.sub(self._one, q1, out=ob)
+            ob.mul_(ok)
+        tried.mul_(q)  # q (1 - y) over tried tokens
+        torch.sub(self._one, q, out=v.r)
+        ok.mul_(v.r)  # (1 - q) y
 
     def update_from_history(self, slots: torch.Tensor, hist_tokens: torch.Tensor, hist_lens: torch.Tensor) -> None:
         """After verify and the history append (``defer`` > 0): score every draft the history now settles.

@@ -47,7 +47,7 @@ class ModelTail:
     """
 
     def __init__(self, num_slots: int, max_bs: int, gamma: int, lookup_cfg: NgramConfig, device: torch.device | str,
-                 *, online: bool = True, strength: float = DEFAULT_STRENGTH) -> None:
+                 *, online: bool = True, strength: float = DEFAULT_STRENGTH, backend: str = "auto") -> None:
         tail = lookup_cfg.max_draft
         if gamma < 1 or tail < 1:
             raise ValueError(f"ModelTail: gamma and tail must be >= 1, got gamma={gamma}, tail={tail}")
@@ -66,7 +66,7 @@ class ModelTail:
         self._n = torch.zeros(max_bs, dtype=torch.int32, device=dev)
         self._zero = torch.zeros((), dtype=torch.int32, device=dev)
         self._gamma = torch.full((), gamma, dtype=torch.int32, device=dev)
-        self.online = OnlineCalibration(num_slots, max_bs, tail, dev, strength) if online else None
+        self.online = OnlineCalibration(num_slots, max_bs, tail, dev, strength, backend=backend) if online else None
         # Request-steps that verified the model chain into its tail, and the tail tokens accepted (``counts()``).
         self.counters = ChainCounters(max_bs, dev, ("tail_chosen", "accepted_tail"), offset=gamma + 1)
         self._is_model = torch.zeros(max_bs, dtype=torch.bool, device=dev)
@@ -193,7 +193,8 @@ class ModelTail:
 
 
 def make_step_tail(model_tail: int, *, width: int, gamma: int, n_min: int, n_max: int, window: int, num_slots: int,
-                   max_bs: int, device, online: bool = True, strength: float = DEFAULT_STRENGTH) -> Optional[ModelTail]:
+                   max_bs: int, device, online: bool = True, strength: float = DEFAULT_STRENGTH,
+                   backend: str = "auto") -> Optional[ModelTail]:
     """The ``ModelTail`` of a step whose chains are ``width`` columns (``None`` where no column is left past the
     model chain, or with ``model_tail`` 0): tails of at most ``min(model_tail, width - gamma)`` tokens, looked up
     with the step's n-gram settings. Shared by ``HybridStep`` and the simulator's ``HybridPolicy``."""
@@ -201,7 +202,7 @@ def make_step_tail(model_tail: int, *, width: int, gamma: int, n_min: int, n_max
     if tail <= 0:
         return None
     cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=tail, window=window)
-    return ModelTail(num_slots, max_bs, gamma, cfg, device, online=online, strength=strength)
+    return ModelTail(num_slots, max_bs, gamma, cfg, device, online=online, strength=strength, backend=backend)
 
 
 class CorpusTail:
@@ -216,7 +217,7 @@ class CorpusTail:
     """
 
     def __init__(self, corpus, num_slots: int, max_bs: int, gamma: int, tail: int, device: torch.device | str, *,
-                 table=None, online: bool = True, strength: float = DEFAULT_STRENGTH) -> None:
+                 table=None, online: bool = True, strength: float = DEFAULT_STRENGTH, backend: str = "auto") -> None:
         if tail < 1 or tail > corpus.max_draft:
             raise ValueError(f"CorpusTail: tail must be in [1, {corpus.max_draft}] (the corpus's max_draft), "
                              f"got {tail}")
@@ -227,7 +228,7 @@ class CorpusTail:
         self.q = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
         self.surv = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
         self._scale = torch.tensor(1.0 / Q_ONE, dtype=torch.float32, device=dev)
-        self.online = OnlineCalibration(num_slots, max_bs, tail, dev, strength) if online else None
+        self.online = OnlineCalibration(num_slots, max_bs, tail, dev, strength, backend=backend) if online else None
         # Request-steps that verified into a corpus tail, and the tail tokens accepted (``ModelTail.update``).
         self.counters = ChainCounters(max_bs, dev, ("corpus_tail_chosen", "accepted_corpus_tail"), offset=gamma + 1)
         self._view_cache: dict[int, object] = {}
@@ -269,7 +270,7 @@ class CorpusTail:
 
 def make_step_corpus_tail(enabled: bool, corpus, corpus_cand, tail: Optional[ModelTail], *, num_slots: int,
                           max_bs: int, gamma: int, device, online: bool = True,
-                          strength: float = DEFAULT_STRENGTH) -> Optional[CorpusTail]:
+                          strength: float = DEFAULT_STRENGTH, backend: str = "auto") -> Optional[CorpusTail]:
     """The ``CorpusTail`` of a step (option ``corpus_tail``), or ``None`` where it is off or has nothing to extend:
     no corpus (``make_step_corpus``'s pair is ``None``) or no n-gram tail (``make_step_tail`` gave ``None``). Its
     tail is as long as the n-gram one, priced with the corpus candidate's fitted table. Shared by ``HybridStep``
@@ -277,4 +278,4 @@ def make_step_corpus_tail(enabled: bool, corpus, corpus_cand, tail: Optional[Mod
     if not enabled or tail is None or corpus is None:
         return None
     return CorpusTail(corpus, num_slots, max_bs, gamma, tail.tail, device, table=corpus_cand.table_src,
-                      online=online, strength=strength)
+                      online=online, strength=strength, backend=backend)
