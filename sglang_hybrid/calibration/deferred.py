@@ -17,7 +17,8 @@ for the outcome would lag behind on successes and under-state acceptance. At sma
 is settled within its own step, and this gives the same evidence as ``update``.
 
 Fixed shapes, no host reads, no allocation per step: every op writes into buffers made at construction for the
-largest batch. ``DeferredScoringRef`` is the plain-Python definition the tests compare against.
+largest batch. ``DeferredScoringRef`` is the plain-Python definition the tests compare against. With the Triton
+backend the per-token work of ``score`` is one launch (``deferred_kernel.py``), bit for bit the torch path's.
 """
 
 from __future__ import annotations

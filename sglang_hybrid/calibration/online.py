@@ -37,7 +37,9 @@ observed/predicted ratio at position j; before it has any, ``r_j = g_j``.
 
 Decode-step rules: ``apply`` and ``update`` never read the device, never allocate (every op writes into
 buffers made at construction for the largest batch) and never branch on device data. ``reset`` runs at
-prefill. ``OnlineCalibrationRef`` below is the plain-Python definition the tests compare against.
+prefill. ``OnlineCalibrationRef`` below is the plain-Python definition the tests compare against. With the
+Triton backend (``"auto"`` on CUDA) ``apply`` and ``update`` each run as one launch (``online_kernel.py``) and the
+deferred scoring as another (``deferred_kernel.py``), in place of the torch ops below.
 """
 
 from __future__ import annotations
