@@ -191,9 +191,7 @@ class DeferredScoring:
         torch.sum(v.fail_c, 1, out=tried_out)
         torch.sum(v.ok_c, 1, out=ok_out)
         if self.bins:
-            for out, c in ((bin_tried_out, v.bfail_flat), (bin_ok_out, v.bok_flat)):
-                out.zero_()
-                out.index_add_(0, v.bidx_flat, c)
+            bin_sums(v.bidx_flat, v.bfail_flat, v.bok_flat, bin_tried_out, bin_ok_out)
 
     def _elems_torch(self, rings: tuple, slots: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor,
                      q: torch.Tensor, start: torch.Tensor, q1: torch.Tensor | None, hist_tokens: torch.Tensor,
@@ -314,6 +312,16 @@ def bin_index(q: torch.Tensor, k_f: torch.Tensor, zero_i: torch.Tensor, kmax: to
     out.copy_(scratch)
     torch.clamp(out, zero_i, kmax, out=out)
     out.add_(col_offset)
+
+
+def bin_sums(bidx: torch.Tensor, fail: torch.Tensor, ok: torch.Tensor, bin_e: torch.Tensor,
+             bin_o: torch.Tensor) -> None:
+    """This step's evidence by cell (flat ``bidx``, from ``bin_index``): ``bin_e[k]`` / ``bin_o[k]`` the sums of
+    ``fail`` / ``ok`` over the tokens in cell ``k``. Both paths of the deferred scoring and of ``update`` share it,
+    so the sums are taken in one order."""
+    for out, c in ((bin_e, fail), (bin_o, ok)):
+        out.zero_()
+        out.index_add_(0, bidx, c)
 
 
 class DeferredScoringRef:

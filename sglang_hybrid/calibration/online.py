@@ -49,7 +49,7 @@ from types import SimpleNamespace
 import torch
 
 from ..backend import resolve_backend
-from .deferred import DEFAULT_DEPTH, DeferredScoring, bin_index
+from .deferred import DEFAULT_DEPTH, DeferredScoring, bin_index, bin_sums
 
 DEFAULT_STRENGTH = 2.0
 # Per request-step (one request's draft scored in one decode step): the traffic-level records remember about the
@@ -270,9 +270,7 @@ class OnlineCalibration:
         self._update_elems(slots, v.tok, v.len, v.q, v.q1, committed, commit_len, v.slots, v.e, v.o, v.fb, v.ob,
                            self.bins)
         if self.bins:
-            for rec, c in ((self._bin_e, v.fb_flat), (self._bin_o, v.ob_flat)):
-                rec.zero_()
-                rec.index_add_(0, v.bidx_flat, c)
+            bin_sums(v.bidx_flat, v.fb_flat, v.ob_flat, self._bin_e, self._bin_o)
         self._add(v.slots, v.e, v.o)
 
     def _update_elems_torch(self, slots: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
