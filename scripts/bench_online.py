@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Benchmark the online calibration's per-step calls, torch ops against their Triton kernels: ``apply`` and
 ``update`` (``calibration/online_kernel.py``), and the deferred scoring of ``update_from_history``
-(``calibration/deferred_kernel.py``).
+(``calibration/deferred_kernel.py``); and the step's other per-step records with kernels: the model agreement's
+``apply``, ``share`` and ``update`` (``calibration/agreement_kernel.py``), the counters' ``update``
+(``stats_kernel.py``) and the corpus's fitted table (``corpus_table.price``, ``calibration/corpus_table_kernel.py``).
 
 ``apply`` and ``update_from_history`` run as the step runs the n-gram record (``defer`` 8, ``bins`` 8, ``L`` 16
 draft columns): every ring entry and position does real work; ``update`` as the corpus candidate's and the
@@ -31,7 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from sglang_hybrid.calibration.agreement import ModelAgreement  # noqa: E402
+from sglang_hybrid.calibration.candidates import Q_ONE  # noqa: E402
+from sglang_hybrid.calibration.corpus_table import DEFAULT_CORPUS_TABLE, CorpusTable  # noqa: E402
 from sglang_hybrid.calibration.online import OnlineCalibration  # noqa: E402
+from sglang_hybrid.stats import StepStats  # noqa: E402
 from sglang_hybrid.ngram.history import TokenHistory  # noqa: E402
 
 
@@ -65,13 +71,52 @@ def _setup(bs: int, backend: str, dev: torch.device, L: int, hist: int):
     def update() -> None:
         on2.update(slots, committed, counts)
 
+    # The model agreement (gamma 7): the draft shares its first 3 tokens with the model chain.
+    gamma = 7
+    ag = ModelAgreement(bs, L, gamma, dev, backend=backend)
+    mt = torch.cat([tok[:, :3], tok[:, 3:gamma] + 1], 1)
+    mc = torch.rand(bs, gamma, generator=g).to(dev)
+    aq, asv, msv = q.clone(), q.clone(), torch.cumprod(mc, 1)
+
+    def ag_apply() -> None:
+        ag.apply(tok, length, aq, asv, mt, mc)
+
+    def ag_share() -> None:
+        ag.share(tok, length, asv, mt, mc, msv)
+
+    def ag_update() -> None:
+        ag.update(committed, counts)
+
+    st = StepStats(num_slots=bs, max_bs=bs, gamma=gamma, model_prior=0.6, model_ema=0.05, device=dev,
+                   backend=backend)
+    vlen = torch.full((bs,), gamma, dtype=torch.int32, device=dev)
+    choice = (torch.arange(bs, device=dev) % 2).to(torch.int32)
+
+    def stats() -> None:
+        st.update(slots, vlen, choice, counts)
+
+    ctab = CorpusTable.load(DEFAULT_CORPUS_TABLE).to_device(bs, L, dev, backend=backend)
+    cq = torch.randint(0, Q_ONE, (bs, L), generator=g, dtype=torch.int32).to(dev)
+    cscale = torch.tensor(1.0 / Q_ONE, device=dev)
+    cml = torch.randint(1, 9, (bs,), generator=g, dtype=torch.int32).to(dev)
+    ccnt = torch.randint(1, 300, (bs,), generator=g, dtype=torch.int32).to(dev)
+    cout = torch.zeros(bs, L, device=dev)
+
+    def corpus_price() -> None:
+        ctab.price(cq, cscale, cml, ccnt, cout)
+
     for _ in range(3):  # fill the rings
         h.append(slots, new, cnt)
         apply()
         record()
         on2.apply(slots, tok, length, q.clone(), q.clone())
         update()
-    return {"apply": apply, "update_from_history": record, "update": update}
+        ag_apply()
+        ag_share()
+        ag_update()
+    return {"apply": apply, "update_from_history": record, "update": update, "agreement.apply": ag_apply,
+            "agreement.share": ag_share, "agreement.update": ag_update, "stats.update": stats,
+            "corpus_table.price": corpus_price}
 
 
 def _time(fn, dev: torch.device, repeats: int, warmup: int) -> float:
@@ -114,7 +159,8 @@ def main() -> int:
     print(f"device {dev}, L {a.width}, history {a.hist}; us per call, median of {a.repeats}")
     print("| call | bs | torch | triton | triton, graph | ops torch | ops triton |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in ("apply", "update_from_history", "update"):
+    for name in ("apply", "update_from_history", "update", "agreement.apply", "agreement.share", "agreement.update",
+                 "stats.update", "corpus_table.price"):
         for bs in (int(x) for x in a.bs.split(",")):
             row = {}
             for backend in ("torch", "triton") if triton_ok else ("torch",):

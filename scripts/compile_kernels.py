@@ -141,7 +141,30 @@ def launch_all(bs: int) -> list[str]:
                              f32(bs, L), f32(bs, L), f32(bs, L), f32(bs, L), bins)
     labels += ["online update (bins)", "online update"]
 
-    gamma = 7
+    from sglang_hybrid.calibration.agreement_kernel import (agreement_apply_triton, agreement_share_triton,
+                                                            agreement_update_triton)
+
+    gamma, g = 7, 7
+    agreement_apply_triton(_i32(bs, L), i64(bs), f32(bs, L), _i32(bs, gamma), f32(bs, gamma), g)
+    agreement_share_triton(_i32(bs, L), i64(bs), f32(bs, L), _i32(bs, gamma), f32(bs, gamma), f32(2), 2.0,
+                           f32(bs, g), f32(bs, g), f32(bs, g), torch.zeros((bs, g), dtype=torch.bool), _i32(bs, g))
+    agreement_update_triton(_i32(bs, g), f32(bs, g), torch.zeros((bs, g), dtype=torch.bool), _i32(bs, 9), _i32(bs),
+                            f32(2, bs, g))
+    labels += ["agreement apply", "agreement share", "agreement update"]
+
+    from sglang_hybrid.stats_kernel import stats_elems_triton
+
+    stats_elems_triton(_i32(bs), _i32(bs), _i32(bs), i64(bs), i64(bs), i64(bs, 7), f32(bs, gamma), f32(bs, gamma),
+                       True)
+    labels += ["step counters"]
+
+    from sglang_hybrid.calibration.corpus_table import DEFAULT_CORPUS_TABLE, CorpusTable
+    from sglang_hybrid.calibration.corpus_table_kernel import corpus_price_triton
+
+    ctab = CorpusTable.load(DEFAULT_CORPUS_TABLE).to_device(bs, L, "cpu", backend="torch")
+    corpus_price_triton(ctab, _i32(bs, L), torch.ones(()), _i32(bs), _i32(bs), f32(bs, L))
+    labels += ["corpus table price"]
+
     out = SelectionOutput.empty(bs, D)
     sel = (_i32(bs, gamma), torch.ones((bs, gamma)), _i32(bs, D), torch.ones((bs, D)), _i32(bs))
     select_chains_triton(*sel, torch.tensor([4 * bs], dtype=torch.int32), None, out)

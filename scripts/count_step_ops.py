@@ -30,7 +30,8 @@ from sglang_hybrid import step as step_mod  # noqa: E402
 COMPONENTS = {"history": ["lookup", "append", "lookup_after", "run_after"], "calib_dev": ["apply"],
               "online": ["apply", "update", "update_from_history"], "corpus": ["lookup", "insert"],
               "corpus_cand": ["price", "choose", "update"], "tail": ["extend", "update", "draft_buffers"],
-              "ctail": ["lookup", "price", "update"], "stats": ["update"]}
+              "ctail": ["lookup", "price", "update"], "stats": ["update"],
+              "agreement": ["apply", "share", "update"]}
 KERNELS = {"history": ["_lookup", "_append"], "calib_dev": ["_fn"], "corpus": ["_lookup", "_insert"]}
 
 
@@ -64,6 +65,15 @@ def main() -> None:
             _tag(rec, "_update_elems", "K")
     if st.online is not None and st.online.deferred is not None:
         _tag(st.online.deferred, "_elems", "K")
+    if st.agreement is not None and st.agreement.backend == "triton":  # the model-agreement kernels
+        for n in ("_apply_elems", "_share_elems", "_update_elems"):
+            _tag(st.agreement, n, "K")
+    if st.stats.backend == "triton":  # the counters' per-request kernel
+        _tag(st.stats, "_elems", "K")
+    for c in ("corpus_cand", "ctail"):  # the corpus's fitted table
+        tab = getattr(getattr(st, c, None), "table", None)
+        if tab is not None and tab.backend == "triton":
+            _tag(tab, "_price", "K")
     for comp, names in COMPONENTS.items():
         for n in names:
             if getattr(st, comp, None) is not None and hasattr(getattr(st, comp), n):

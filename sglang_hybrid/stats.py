@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import torch
 
+from .backend import resolve_backend
+
 # Device counter slots.
 C_STEPS, C_REQ_STEPS, C_NGRAM_CHOSEN, C_PROP_MODEL, C_PROP_NGRAM, C_ACC_MODEL, C_ACC_NGRAM, C_VERIFIED = range(8)
 COUNTER_NAMES = (
@@ -34,8 +36,16 @@ class StepStats:
     """Counters and the model chain's online acceptance estimate for batches of up to ``max_bs`` requests."""
 
     def __init__(self, *, num_slots: int, max_bs: int, gamma: int, model_prior: float, model_ema: float,
-                 device: torch.device) -> None:
+                 device: torch.device, backend: str = "auto") -> None:
         kw = dict(device=device)
+        # The per-request part of update: the torch ops of _elems_torch (the reference, what the CPU runs) or one
+        # Triton launch (stats_kernel.py; "auto" on CUDA), equal exactly (integers and 0/1 flags).
+        self.backend = resolve_backend(backend, device)
+        self._elems = self._elems_torch
+        if self.backend == "triton":
+            from .stats_kernel import stats_elems_triton
+
+            self._elems = stats_elems_triton
         self.model_ema = float(model_ema)
         # Per-position conditional acceptance of the model chain, refit from model-chain steps.
         self.model_cond = torch.full((gamma,), model_prior, dtype=torch.float32, **kw)
@@ -97,25 +107,11 @@ class StepStats:
                accept_lens: torch.Tensor) -> None:
         """Count one verify: ``accept_lens[b]`` committed tokens (accepted drafts + bonus) of request ``b``."""
         v = self._views(accept_lens.shape[0])
-        acc, vlen, is_ng, is_m, ng, m = v.acc, v.vlen, v.is_ng, v.is_m, v.ng, v.m
-        acc.copy_(accept_lens)
-        torch.sub(acc, self._one, out=acc)
-        acc.clamp_(min=0)
-        vlen.copy_(verify_len)
-        torch.eq(choice, self._one_i32 if choice.dtype == torch.int32 else self._one, out=is_ng)
-        torch.logical_not(is_ng, out=is_m)
-        ng.copy_(is_ng)
-        m.copy_(is_m)
-        if self.model_ema > 0:
+        refit = self.model_ema > 0
+        self._elems(accept_lens, verify_len, choice, v.acc, v.vlen, v.per_req, v.tried_f, v.ok_f, refit)
+        if refit:
             self._refit(v)
-        pr, c = v.per_req, v.cols
-        c[0].fill_(1)
-        c[1].copy_(ng)
-        torch.mul(acc, ng, out=c[2])
-        torch.mul(acc, m, out=c[3])
-        torch.mul(vlen, m, out=c[4])
-        torch.mul(vlen, ng, out=c[5])
-        c[6].copy_(vlen)
+        acc, vlen, pr = v.acc, v.vlen, v.per_req
         torch.sum(pr, 0, out=self._sums)
         self.counters.index_add_(0, self._sum_idx, self._sums)
         self._steps_counter.add_(self._one)
@@ -130,19 +126,48 @@ class StepStats:
             part.copy_(src)
         self._host_counters.copy_(self._stage, non_blocking=True)
 
+    def _elems_torch(self, accept_lens: torch.Tensor, verify_len: torch.Tensor, choice: torch.Tensor,
+                     acc: torch.Tensor, vlen: torch.Tensor, per_req: torch.Tensor, tried_f: torch.Tensor,
+                     ok_f: torch.Tensor, refit: bool) -> None:
+        """Each request's part of ``update`` (the torch reference of ``stats_kernel.stats_elems_triton``):
+        ``acc`` / ``vlen [bs]`` its accepted and verified drafts, ``per_req [bs, 7]`` its summed columns
+        (``_SUMMED``) and, with ``refit``, ``tried_f`` / ``ok_f [bs, gamma]``: position j of a model chain verified
+        with every position before it accepted, and position j accepted too."""
+        bs = acc.shape[0]
+        v = self._views(bs)  # scratch, and the cached column views when the outputs are this object's rows
+        is_ng, is_m, ng, m = v.is_ng, v.is_m, v.ng, v.m
+        acc.copy_(accept_lens)
+        torch.sub(acc, self._one, out=acc)
+        acc.clamp_(min=0)
+        vlen.copy_(verify_len)
+        torch.eq(choice, self._one_i32 if choice.dtype == torch.int32 else self._one, out=is_ng)
+        torch.logical_not(is_ng, out=is_m)
+        ng.copy_(is_ng)
+        m.copy_(is_m)
+        c = v.cols if per_req is v.per_req else per_req.unbind(1)
+        c[0].fill_(1)
+        c[1].copy_(ng)
+        torch.mul(acc, ng, out=c[2])
+        torch.mul(acc, m, out=c[3])
+        torch.mul(vlen, m, out=c[4])
+        torch.mul(vlen, ng, out=c[5])
+        c[6].copy_(vlen)
+        if refit:
+            tried, ok = v.tried, v.ok
+            acc_col = v.acc_col if acc is v.acc else acc.view(-1, 1)
+            vlen_col = v.vlen_col if vlen is v.vlen else vlen.view(-1, 1)
+            torch.ge(vlen_col, self._pos, out=tried)
+            torch.ge(acc_col, self._pos_m1, out=ok)
+            tried.logical_and_(ok).logical_and_(v.is_m_col)
+            torch.ge(acc_col, self._pos, out=ok)
+            ok.logical_and_(tried)
+            tried_f.copy_(tried)
+            ok_f.copy_(ok)
+
     def _refit(self, v: SimpleNamespace) -> None:
         """EMA of the per-position conditional acceptance over the model-chain requests that reached position j
-        (``v``: this batch size's views, ``_views``)."""
-        tried, ok = v.tried, v.ok
-        # tried[b, j]: model chain, position j verified, and positions < j all accepted.
-        torch.ge(v.vlen_col, self._pos, out=tried)
-        torch.ge(v.acc_col, self._pos_m1, out=ok)
-        tried.logical_and_(ok).logical_and_(v.is_m_col)
-        torch.ge(v.acc_col, self._pos, out=ok)
-        ok.logical_and_(tried)
+        (``v``: this batch size's views, ``_views``; ``v.tried_f`` / ``v.ok_f`` from ``_elems``)."""
         tried_f, ok_f = v.tried_f, v.ok_f
-        tried_f.copy_(tried)
-        ok_f.copy_(ok)
         torch.sum(tried_f, 0, out=self._trials)
         torch.sum(ok_f, 0, out=self._hits)
         torch.gt(self._trials, self._zero_f, out=self._seen)

@@ -109,7 +109,8 @@ class HybridStep:
             backend=kernel_backend, online=cfg.online_calibration, strength=cfg.online_strength,
             table=cfg.corpus_calibration)
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py).
-        self.agreement = ModelAgreement(max_bs, L, gamma, self.device, strength=cfg.online_strength) \
+        self.agreement = ModelAgreement(max_bs, L, gamma, self.device, strength=cfg.online_strength,
+                                        backend=kernel_backend) \
             if cfg.model_agreement and cfg.enable_model and cfg.enable_ngram else None
         self.slot_tenant = torch.zeros(num_slots, dtype=torch.int32, device=self.device)
         self._tenant = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
@@ -152,7 +153,7 @@ class HybridStep:
         self._zero_f = torch.zeros((), dtype=torch.float32, device=self.device)
         self._ngram_len = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         self.stats = StepStats(num_slots=num_slots, max_bs=max_bs, gamma=gamma, model_prior=cfg.model_prior,
-                               model_ema=cfg.model_ema, device=self.device)
+                               model_ema=cfg.model_ema, device=self.device, backend=kernel_backend)
         self.model_cond = self.stats.model_cond  # the model chain's online per-position acceptance
         self.price = self.stats.price
         self._guard = os.environ.get("SGLANG_HYBRID_SYNC_GUARD", "") == "1"

@@ -18,27 +18,34 @@ def _case(gen, bs, L, G, vocab, cond_lo=-0.1, cond_hi=1.1):
     return tok, length, q, mt, mc
 
 
-def _run(tok, length, q, mt, mc, G, max_bs=8):
-    m = ModelAgreement(max_bs, q.shape[1], G, "cpu")
+def _run(tok, length, q, mt, mc, G, max_bs=8, backend="torch"):
+    m = ModelAgreement(max_bs, q.shape[1], G, "cpu", backend=backend)
     q2, s2 = q.clone(), torch.full_like(q, -1.0)
     m.apply(tok, length, q2, s2, mt, mc)
     return q2, s2
 
 
+# "triton": the kernels of agreement_kernel.py under the interpreter (tests/test_calibration_agreement_kernel.py
+# compares them with the torch ops exactly, on the GPU too).
+BACKENDS = pytest.mark.parametrize("backend", ["torch", "triton"])
+
+
+@BACKENDS
 @pytest.mark.parametrize("L,G", [(1, 1), (4, 7), (7, 7), (16, 7), (3, 1)])
-def test_batched_ops_equal_the_definition_exactly(L, G):
+def test_batched_ops_equal_the_definition_exactly(L, G, backend):
     gen = torch.Generator().manual_seed(L * 31 + G)
     for _ in range(60):
         bs = int(torch.randint(1, 9, (), generator=gen))
         # A tiny vocabulary, so chains agree for a few tokens and part at every position.
         tok, length, q, mt, mc = _case(gen, bs, L, G, vocab=2)
-        q2, s2 = _run(tok, length, q, mt, mc, G)
+        q2, s2 = _run(tok, length, q, mt, mc, G, backend=backend)
         rq, rs = agreement_ref(tok, length, q, mt[:, :G], mc[:, :G])
         assert torch.equal(q2, rq)
         assert torch.equal(s2, rs)
 
 
-def test_adversarial_rows_equal_the_definition_exactly():
+@BACKENDS
+def test_adversarial_rows_equal_the_definition_exactly(backend):
     L, G = 6, 4
     tok = torch.tensor([[5, 6, 7, 8, 9, 10]] * 6, dtype=torch.int32)
     mt = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [1, 6, 7, 8], [5, 6, 7, 8], [5, 6, 0, 8], [5, 6, 7, 8]],
@@ -47,7 +54,7 @@ def test_adversarial_rows_equal_the_definition_exactly():
     q = torch.tensor([[0.0, 0.5, 1.0, 0.3, 0.2, 0.1]] * 6) * (torch.arange(L)[None] < length[:, None])
     mc = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.9, 0.9, 0.9, 0.9], [1.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0],
                        [0.5, 0.5, 1.0, 0.5], [2.0, -1.0, 0.5, 0.5]])
-    q2, s2 = _run(tok, length, q, mt, mc, G)
+    q2, s2 = _run(tok, length, q, mt, mc, G, backend=backend)
     rq, rs = agreement_ref(tok, length, q, mt, mc)
     assert torch.equal(q2, rq) and torch.equal(s2, rs)
     assert q2[0, :4].tolist() == [1.0, 1.0, 1.0, 1.0] and q2[0, 4:].tolist() == q[0, 4:].tolist()  # all agree
@@ -152,8 +159,9 @@ def test_an_agreeing_ngram_chain_carries_the_models_confidence_on_the_shared_tok
     assert float(q[3]) == float(off.q[0, 3])  # after the parting: unchanged
 
 
+@BACKENDS
 @pytest.mark.parametrize("L,G,M", [(1, 1, 1), (4, 7, 7), (7, 7, 7), (16, 7, 16), (3, 5, 5)])
-def test_share_and_update_equal_their_definitions(L, G, M):
+def test_share_and_update_equal_their_definitions(L, G, M, backend):
     """``share`` on random chains (a 2-token vocabulary: long shared prefixes and partings everywhere), with a
     record that has evidence either way; then ``update`` against random commits. ``share`` exactly, the record to
     float32 rounding."""
@@ -163,7 +171,7 @@ def test_share_and_update_equal_their_definitions(L, G, M):
         tok, length, q, mt, mc = _case(gen, bs, L, G, vocab=2)
         surv = torch.cumprod(q, 1)
         msurv = torch.cumprod(torch.rand(bs, M, generator=gen), 1)
-        m = ModelAgreement(8, L, G, "cpu", decay=0.99)
+        m = ModelAgreement(8, L, G, "cpu", decay=0.99, backend=backend)
         m.record.copy_(torch.rand(2, generator=gen) * 5)
         r = m.ratio().clone()
         rs, rms, rp, shared = share_ref(tok, length, surv, mt, mc, msurv, r, G)

@@ -14,7 +14,8 @@ SCRIPT = ROOT / "scripts" / "compile_kernels.py"
 LAUNCHES = ("history write_prompt", "history append", "history reset", "n-gram lookup", "corpus lookup",
             "corpus insert claim", "corpus insert resolve", "corpus insert count", "calibration apply",
             "deferred scoring (bins)", "deferred scoring", "online apply (bins)", "online apply",
-            "online update (bins)", "online update", "selection (budget)", "selection (SPS price)")
+            "online update (bins)", "online update", "agreement apply", "agreement share", "agreement update",
+            "step counters", "corpus table price", "selection (budget)", "selection (SPS price)")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

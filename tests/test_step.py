@@ -184,6 +184,11 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     for rec in (s.online, s.tail.online):  # the online records' kernels
         assert rec._apply_kernel is not None
         rec._apply_kernel, rec._update_elems = tagged(rec._apply_kernel), tagged(rec._update_elems)
+    ag = s.agreement  # the model-agreement kernels
+    assert ag is not None and ag.backend == "triton"
+    ag._apply_elems, ag._share_elems, ag._update_elems = (tagged(ag._apply_elems), tagged(ag._share_elems),
+                                                         tagged(ag._update_elems))
+    s.stats._elems = tagged(s.stats._elems)  # the counters' per-request kernel
     monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
     slots = torch.tensor([0, 1, 2])
     _prefill(s, slots, [list(range(10, 40)) + list(range(10, 14)), list(range(50, 80)), list(range(90, 99)) * 3])
@@ -218,9 +223,9 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     events = list(prof.events())
     # 2 x (lookup, calibration, online apply, selection, append, deferred scoring) + 2 x the tail after the model
     # chain (append, lookup, calibration, online apply, online update): verify_window 8 > gamma leaves it 8 - gamma
-    # columns.
+    # columns; 2 x the model agreement's apply, share and update; 2 x the counters' per-request kernel.
     assert s.tail is not None
-    assert sum(e.name == "hybrid_kernel" for e in events) == 22
+    assert sum(e.name == "hybrid_kernel" for e in events) == 30
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

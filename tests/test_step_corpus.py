@@ -167,6 +167,13 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
     s.online.deferred._elems = tagged(s.online.deferred._elems)
     for rec in (s.online, s.tail.online, s.corpus_cand.online) + ((s.ctail.online,) if corpus_tail else ()):
         rec._apply_kernel, rec._update_elems = tagged(rec._apply_kernel), tagged(rec._update_elems)
+    ag = s.agreement  # the model-agreement kernels
+    ag._apply_elems, ag._share_elems, ag._update_elems = (tagged(ag._apply_elems), tagged(ag._share_elems),
+                                                         tagged(ag._update_elems))
+    s.stats._elems = tagged(s.stats._elems)  # the counters' per-request kernel
+    for tab in (s.corpus_cand.table,) + ((s.ctail.table,) if corpus_tail else ()):  # the fitted table's kernel
+        assert tab.backend == "triton"
+        tab._price = tagged(tab._price)
     monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
     slots = torch.tensor([0, 1, 2])
     _prefill(s, slots, [list(range(10, 40)) + list(range(10, 14)), list(range(50, 80)), list(range(90, 99)) * 3])
@@ -193,8 +200,10 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
     events = list(prof.events())
     # lookup, corpus lookup, calibration, the n-gram's and the corpus's online apply, selection, append, corpus
     # insert, deferred scoring, the corpus's online update, and the model chain's tail (append, lookup,
-    # calibration, online apply and update; with the corpus's tail, its corpus lookup, online apply and update)
-    assert sum(e.name == "hybrid_kernel" for e in events) == 15 + 3 * corpus_tail
+    # calibration, online apply and update; with the corpus's tail, its corpus lookup, online apply and update),
+    # the model agreement's apply (both candidates), share and update, the counters' per-request kernel, and the
+    # corpus's fitted table (the candidate's; with the corpus's tail, its own)
+    assert sum(e.name == "hybrid_kernel" for e in events) == 21 + 4 * corpus_tail
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

@@ -48,6 +48,7 @@ from types import SimpleNamespace
 
 import torch
 
+from ..backend import resolve_backend
 from .online import DEFAULT_GLOBAL_DECAY, DEFAULT_STRENGTH
 
 __all__ = ["ModelAgreement", "agreement_ref", "conditional", "share_ref", "update_ref"]
@@ -144,12 +145,26 @@ class ModelAgreement:
     """Buffers for ``apply`` on up to ``max_bs`` n-gram chains of ``width`` tokens beside model chains of ``gamma``."""
 
     def __init__(self, max_bs: int, width: int, gamma: int, device: torch.device | str, *,
-                 strength: float = DEFAULT_STRENGTH, decay: float = DEFAULT_GLOBAL_DECAY) -> None:
+                 strength: float = DEFAULT_STRENGTH, decay: float = DEFAULT_GLOBAL_DECAY,
+                 backend: str = "auto") -> None:
         if max_bs < 1 or width < 1 or gamma < 1:
             raise ValueError(f"ModelAgreement: max_bs, width and gamma must be >= 1, got {max_bs}, {width}, {gamma}")
         if not strength > 0 or not 0.0 <= decay <= 1.0:
             raise ValueError(f"ModelAgreement: strength must be > 0 and decay in [0, 1], got {strength}, {decay}")
         dev = torch.device(device)
+        # The elementwise work of apply / share / update: the torch ops below (the reference, what the CPU runs)
+        # or one Triton launch each (agreement_kernel.py; "auto" on CUDA), equal bit for bit.
+        self.backend = resolve_backend(backend, dev)
+        self._apply_elems = self._apply_elems_torch
+        self._share_elems = self._share_elems_torch
+        self._update_elems = self._update_elems_torch
+        if self.backend == "triton":
+            from .agreement_kernel import agreement_apply_triton, agreement_share_triton, agreement_update_triton
+
+            self._apply_elems = agreement_apply_triton
+            self._share_elems = agreement_share_triton
+            self._update_elems = agreement_update_triton
+        self.strength = float(strength)
         self.width, self.gamma = width, gamma
         g = min(width, gamma)
         self.cols = g  # the columns the model chain can speak for
@@ -235,23 +250,30 @@ class ModelAgreement:
         if model_tokens.shape[1] < self.gamma or model_cond.shape[1] < self.gamma:
             raise ValueError(f"ModelAgreement: the model chain needs >= {self.gamma} columns, "
                              f"got {model_tokens.shape[1]} and {model_cond.shape[1]}")
-        g = self.cols
-        v = self._rows(bs)
-        qg = q[:, :g]
+        self._apply_elems(tokens, length, q, model_tokens, model_cond, self.cols)
+        torch.cumprod(q, 1, out=survival)
+
+    def _apply_elems_torch(self, tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
+                           model_tokens: torch.Tensor, model_cond: torch.Tensor, cols: int) -> None:
+        """``apply``'s rules on ``q[:, :cols]``, in place (the torch reference of ``agreement_apply_triton``)."""
+        v = self._rows(q.shape[0])
+        qg = q[:, :cols]
         self._prefix(v, tokens, length, model_tokens)
-        torch.clamp(model_cond[:, :g], 0.0, 1.0, out=v.c)
+        torch.clamp(model_cond[:, :cols], 0.0, 1.0, out=v.c)
         torch.maximum(qg, v.c, out=v.up)
         self._one_of_two(qg, v.c, v.dis, v.den)  # q (1 - c) / (1 - q c)
         v.agree.copy_(v.pref)
         torch.where(v.agree, v.up, qg, out=qg)
         torch.where(v.first, v.dis, qg, out=qg)
-        torch.cumprod(q, 1, out=survival)
 
     # ---- the shared tokens: one price on both chains, learnt from the traffic ------------------------------
     def ratio(self) -> torch.Tensor:
         """``R = (O + s) / (E + s)`` into a 0-d buffer: the traffic's observed / predicted odds on shared tokens."""
-        torch.add(self.record[1], self._s, out=self._r)
-        torch.add(self.record[0], self._s, out=self._es)
+        return self._ratio_of(self.record, self._s)
+
+    def _ratio_of(self, record: torch.Tensor, strength: torch.Tensor | float) -> torch.Tensor:
+        torch.add(record[1], strength, out=self._r)
+        torch.add(record[0], strength, out=self._es)
         return self._r.div_(self._es)
 
     def share(self, tokens: torch.Tensor, length: torch.Tensor, survival: torch.Tensor, model_tokens: torch.Tensor,
@@ -267,30 +289,8 @@ class ModelAgreement:
         bs, L = survival.shape
         g = self.cols
         v = self._rows(bs)
-        self._prefix(v, tokens, length, model_tokens)
-        v.shared.copy_(v.pref)
-        conditional(survival[:, :g], v.prev_s, v.up)  # the chain's q_j = S_j / S_{j-1}
-        torch.clamp(model_cond[:, :g], 0.0, 1.0, out=v.c)
-        # The model's token where the chains part: at most one of the two is right, as ``apply`` priced the
-        # n-gram's. Its q before that rule: q = q' / (1 - c + q' c); then c' = c (1 - q) / (1 - q c).
-        torch.mul(v.up, v.c, out=v.den)
-        v.den.sub_(v.c)
-        v.den.add_(self._one)
-        v.den.clamp_(min=1e-12)
-        torch.div(v.up, v.den, out=v.dis)  # q
-        self._one_of_two(v.c, v.dis, v.dis, v.den)
-        torch.where(v.first, v.dis, v.c, out=v.c)
-        torch.maximum(v.up, v.c, out=v.dis)
-        torch.where(v.shared, v.dis, self._zero, out=v.p)  # p, kept for update (0 off the shared tokens)
-        r = self.ratio()
-        torch.sub(r, self._one, out=self._rm1)
-        torch.mul(v.p, self._rm1, out=v.den)
-        v.den.add_(self._one)  # 1 + p (R - 1) >= min(1, R) > 0
-        torch.mul(v.p, r, out=v.dis)
-        v.dis.div_(v.den)  # p'
-        torch.where(v.shared, v.dis, v.up, out=v.up)
-        torch.where(v.shared, v.dis, v.c, out=v.c)
-        v.tok.copy_(model_tokens[:, :g])
+        self._share_elems(tokens, length, survival, model_tokens, model_cond, self.record, self.strength,
+                          v.up, v.c, v.p, v.shared, v.tok)
         for conds, surv in ((v.up, survival), (v.c, model_survival)):
             # columns >= g keep their conditionals: scale them by new S_{g-1} / old S_{g-1}
             torch.cumprod(conds, 1, out=v.den)
@@ -300,35 +300,78 @@ class ModelAgreement:
                 surv[:, g:].mul_(v.ratio)
             surv[:, :g].copy_(v.den)
 
+    def _share_elems_torch(self, tokens: torch.Tensor, length: torch.Tensor, survival: torch.Tensor,
+                           model_tokens: torch.Tensor, model_cond: torch.Tensor, record: torch.Tensor,
+                           strength: float, up: torch.Tensor, c: torch.Tensor, p: torch.Tensor, shared: torch.Tensor,
+                           tok: torch.Tensor) -> None:
+        """``share``'s conditionals on the model's columns (the torch reference of ``agreement_share_triton``):
+        ``up`` / ``c [bs, cols]`` the n-gram's and the model's after the rules, ``p`` the pre-lift estimate on the
+        shared tokens (0 elsewhere), ``shared`` their flags, ``tok`` the model's tokens (``p`` / ``shared`` /
+        ``tok`` are kept for ``update``). ``record`` / ``strength``: the odds ratio's (``ratio``)."""
+        g = self.cols
+        v = self._rows(survival.shape[0])
+        self._prefix(v, tokens, length, model_tokens)
+        shared.copy_(v.pref)
+        conditional(survival[:, :g], v.prev_s, up)  # the chain's q_j = S_j / S_{j-1}
+        torch.clamp(model_cond[:, :g], 0.0, 1.0, out=c)
+        # The model's token where the chains part: at most one of the two is right, as ``apply`` priced the
+        # n-gram's. Its q before that rule: q = q' / (1 - c + q' c); then c' = c (1 - q) / (1 - q c).
+        torch.mul(up, c, out=v.den)
+        v.den.sub_(c)
+        v.den.add_(self._one)
+        v.den.clamp_(min=1e-12)
+        torch.div(up, v.den, out=v.dis)  # q
+        self._one_of_two(c, v.dis, v.dis, v.den)
+        torch.where(v.first, v.dis, c, out=c)
+        torch.maximum(up, c, out=v.dis)
+        torch.where(shared, v.dis, self._zero, out=p)  # p, kept for update (0 off the shared tokens)
+        r = self._ratio_of(record, strength)
+        torch.sub(r, self._one, out=self._rm1)
+        torch.mul(p, self._rm1, out=v.den)
+        v.den.add_(self._one)  # 1 + p (R - 1) >= min(1, R) > 0
+        torch.mul(p, r, out=v.dis)
+        v.dis.div_(v.den)  # p'
+        torch.where(shared, v.dis, up, out=up)
+        torch.where(shared, v.dis, c, out=c)
+        tok.copy_(model_tokens[:, :g])
+
     def update(self, committed: torch.Tensor, counts: torch.Tensor) -> None:
         """After verify: score this step's shared tokens (``share``) against what the target committed
         (``committed [bs, K]``: accepted drafts, then the bonus; ``counts [bs]`` of them) into the traffic's
         record, decayed per request-step: ``E += p (1 - y)``, ``O += (1 - p) y`` over the shared tokens tried
         (the committed row reaches them and every token before matched)."""
         bs = committed.shape[0]
-        g = self.cols
+        v = self._rows(bs)
+        self._update_elems(v.tok, v.p, v.shared, committed, counts, v.ev)
+        torch.sum(v.ev, (1, 2), out=self._sum)
+        self.record.mul_(self._decay_by_bs[bs])
+        self.record.add_(self._sum)
+
+    def _update_elems_torch(self, tok: torch.Tensor, p: torch.Tensor, shared: torch.Tensor, committed: torch.Tensor,
+                            counts: torch.Tensor, ev: torch.Tensor) -> None:
+        """``update``'s per-token evidence into ``ev [2, bs, cols]`` (the torch reference of
+        ``agreement_update_triton``): ``p (1 - y)`` and ``(1 - p) y`` on the shared tokens the target tried
+        (``shared`` and every token before matched ``committed[b, :counts[b]]``), 0 elsewhere."""
+        bs, g = p.shape
         k = min(g, committed.shape[1])
         v = self._rows(bs)
         if k < g:  # host-known shape
             v.cmt[:, k:].fill_(-1)
         v.cmt[:, :k].copy_(committed[:, :k])  # copy_ converts the dtype in place
-        torch.eq(v.tok, v.cmt, out=v.eq)
+        torch.eq(tok, v.cmt, out=v.eq)
         torch.lt(self._col, counts.view(-1, 1), out=v.inn)
         v.eq.logical_and_(v.inn)  # y_j
         v.eqi.copy_(v.eq)
         torch.cumprod(v.eqi, 1, out=v.pref)  # prev[:, j] = 1 iff tokens 0..j-1 all matched
         v.first.copy_(v.prev)
         v.first.logical_and_(v.inn)
-        v.first.logical_and_(v.shared)  # tried shared tokens
-        e, o = v.ev[0], v.ev[1]
+        v.first.logical_and_(shared)  # tried shared tokens
+        e, o = ev[0], ev[1]
         v.up.copy_(v.eq)  # y as float
         torch.sub(self._one, v.up, out=e)
-        e.mul_(v.p)
-        torch.sub(self._one, v.p, out=o)
+        e.mul_(p)
+        torch.sub(self._one, p, out=o)
         o.mul_(v.up)
         v.c.copy_(v.first)
         e.mul_(v.c)
         o.mul_(v.c)
-        torch.sum(v.ev, (1, 2), out=self._sum)
-        self.record.mul_(self._decay_by_bs[bs])
-        self.record.add_(self._sum)

@@ -39,10 +39,11 @@ def price_corpus_draft(slots: torch.Tensor, draft, q: torch.Tensor, surv: torch.
     own fixed-point ``q`` times ``scale`` (a device scalar, ``1 / Q_ONE``), the fitted ``table``
     (``DeviceCorpusTable`` or None), the running product, then the ``online`` record (or None). Shared by the
     corpus candidate and the corpus's tail (``tail.py: CorpusTail``)."""
-    q.copy_(draft.q)  # int32 -> float32 in place (a mixed-dtype mul would allocate a float copy)
-    q.mul_(scale)
-    if table is not None:
-        table.apply(draft.match_len, draft.match_count, q)
+    if table is not None:  # scale and table in one (a Triton launch on CUDA)
+        table.price(draft.q, scale, draft.match_len, draft.match_count, q)
+    else:
+        q.copy_(draft.q)  # int32 -> float32 in place (a mixed-dtype mul would allocate a float copy)
+        q.mul_(scale)
     torch.cumprod(q, 1, out=surv)
     if online is not None:
         online.apply(slots, draft.tokens, draft.length, q, surv)
@@ -60,7 +61,7 @@ class CorpusCandidate:
         dev = torch.device(device)
         self.width = width
         self.table_src = table  # the host table (the corpus tail makes its own device copy)
-        self.table = table.to_device(max_bs, width, dev) if table is not None else None
+        self.table = table.to_device(max_bs, width, dev, backend=backend) if table is not None else None
         self.q = torch.zeros(max_bs, width, dtype=torch.float32, device=dev)
         self.surv = torch.zeros(max_bs, width, dtype=torch.float32, device=dev)
         self.tokens = torch.zeros(max_bs, width, dtype=torch.int32, device=dev)  # the chosen candidate

@@ -32,6 +32,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from ..backend import resolve_backend
 from ..jsonl_io import read_json
 
 __all__ = ["CorpusTable", "DeviceCorpusTable", "FORMAT", "COUNT_BUCKETS", "count_bucket", "heldout_metrics",
@@ -167,17 +168,28 @@ class CorpusTable:
             raise ValueError(f"corpus calibration {p}: 'log_ratio' must be a nested list of numbers") from None
         return cls(lr, data["corpus"], fit=data.get("fit"), heldout=data.get("heldout"), source=str(p))
 
-    def to_device(self, max_bs: int, width: int, device) -> "DeviceCorpusTable":
-        return DeviceCorpusTable(self, max_bs, width, device)
+    def to_device(self, max_bs: int, width: int, device, backend: str = "auto") -> "DeviceCorpusTable":
+        return DeviceCorpusTable(self, max_bs, width, device, backend=backend)
 
 
 class DeviceCorpusTable:
-    """``CorpusTable`` on the device for drafts of up to ``max_bs`` rows and ``width`` columns: ``apply`` works
-    on buffers made here (no allocation, no host read, no branch on device data)."""
+    """``CorpusTable`` on the device for drafts of up to ``max_bs`` rows and ``width`` columns: ``apply`` and
+    ``price`` work on buffers made here (no allocation, no host read, no branch on device data). ``backend``:
+    ``price`` as the torch ops of ``_price_torch`` or as one Triton launch (``corpus_table_kernel.py``; ``"auto"``
+    on CUDA), equal bit for bit."""
 
-    def __init__(self, table: CorpusTable, max_bs: int, width: int, device) -> None:
+    def __init__(self, table: CorpusTable, max_bs: int, width: int, device, backend: str = "auto") -> None:
         dev = torch.device(device)
         M, C, Dt = table.log_ratio.shape
+        self.buckets, self.columns = C, Dt
+        self.backend = resolve_backend(backend, dev)
+        self._price = self._price_torch
+        if self.backend == "triton":
+            from functools import partial
+
+            from .corpus_table_kernel import corpus_price_triton
+
+            self._price = partial(corpus_price_triton, self)
         self._ratio = torch.tensor(np.exp(table.log_ratio).reshape(-1), dtype=torch.float32, device=dev)
         self._mmax = M - 1
         self._col = torch.clamp(torch.arange(width, device=dev), max=Dt - 1).view(1, width)
@@ -212,6 +224,19 @@ class DeviceCorpusTable:
         den.add_(self._one)
         q.mul_(r)
         q.div_(den)
+
+    def price(self, draft_q: torch.Tensor, scale: torch.Tensor, match_len: torch.Tensor, match_count: torch.Tensor,
+              q: torch.Tensor) -> None:
+        """``q [bs, w]`` (float32) becomes the fitted estimate of a corpus draft: its fixed-point ``draft_q [bs, w]``
+        (int32) times ``scale`` (a device scalar, ``1 / Q_ONE``), then ``apply``."""
+        self._price(draft_q, scale, match_len, match_count, q)
+
+    def _price_torch(self, draft_q: torch.Tensor, scale: torch.Tensor, match_len: torch.Tensor,
+                     match_count: torch.Tensor, q: torch.Tensor) -> None:
+        """The torch reference of ``corpus_table_kernel.corpus_price_triton`` (same arguments, same writes)."""
+        q.copy_(draft_q)  # int32 -> float32 in place (a mixed-dtype mul would allocate a float copy)
+        q.mul_(scale)
+        self.apply(match_len, match_count, q)
 
 
 def heldout_metrics(table: CorpusTable, samples) -> dict[str, Any]:

@@ -223,7 +223,7 @@ class CorpusTail:
                              f"got {tail}")
         dev = torch.device(device)
         self.corpus, self.tail = corpus, tail
-        self.table = table.to_device(max_bs, tail, dev) if table is not None else None
+        self.table = table.to_device(max_bs, tail, dev, backend=backend) if table is not None else None
         self._draft = CorpusDraft.zeros(max_bs, tail, dev)
         self.q = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
         self.surv = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
