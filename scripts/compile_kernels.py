@@ -146,7 +146,7 @@ def launch_all(bs: int) -> list[str]:
 
     gamma, g = 7, 7
     agreement_apply_triton(_i32(bs, L), i64(bs), f32(bs, L), _i32(bs, gamma), f32(bs, gamma), g)
-    agreement_share_triton(_i32(bs, L), i64(bs), f32(bs, L), _i32(bs, gamma), f32(bs, gamma), f32(2), 2.0,
+    agreement_share_triton(_i32(bs, L), i64(bs), f32(bs, L), _i32(bs, gamma), f32(bs, gamma), f32(2), torch.ones(()),
                            f32(bs, g), f32(bs, g), f32(bs, g), torch.zeros((bs, g), dtype=torch.bool), _i32(bs, g))
     agreement_update_triton(_i32(bs, g), f32(bs, g), torch.zeros((bs, g), dtype=torch.bool), _i32(bs, 9), _i32(bs),
                             f32(2, bs, g))

@@ -83,7 +83,7 @@ def test_share_kernel_equals_the_torch_ops_exactly(kernel_device, L, G):
         got = []
         for fn in (m._share_elems_torch, agreement_share_triton):
             outs = _share_outs(m, bs)
-            fn(tok, length, surv, mt, mc, record, 2.0, *outs)
+            fn(tok, length, surv, mt, mc, record, m._s, *outs)
             got.append(outs)
         for name, a, b in zip(("up", "c", "p", "shared", "tok"), *got):
             assert torch.equal(a, b), (name, bs, L, G, i)
@@ -97,7 +97,7 @@ def test_update_kernel_equals_the_torch_ops_exactly(kernel_device, L, G):
     for i, (bs, tok, length, q, mt, mc) in enumerate(_variants(gen, dev, L, G)):
         m = ModelAgreement(bs, L, G, dev, backend="torch")
         up, c, p, shared, tk = _share_outs(m, bs)
-        m._share_elems_torch(tok, length, torch.cumprod(q, 1), mt, mc, m.record, 2.0, up, c, p, shared, tk)
+        m._share_elems_torch(tok, length, torch.cumprod(q, 1), mt, mc, m.record, m._s, up, c, p, shared, tk)
         for width in (1, m.cols, m.cols + 3):
             committed = torch.randint(0, 2, (bs, 2 * width), generator=gen).to(dev)
             committed = committed[:, ::2] if i % 2 else committed[:, :width].to(torch.int32)  # strided int64 too

@@ -164,7 +164,6 @@ class ModelAgreement:
             self._apply_elems = agreement_apply_triton
             self._share_elems = agreement_share_triton
             self._update_elems = agreement_update_triton
-        self.strength = float(strength)
         self.width, self.gamma = width, gamma
         g = min(width, gamma)
         self.cols = g  # the columns the model chain can speak for
@@ -271,7 +270,7 @@ class ModelAgreement:
         """``R = (O + s) / (E + s)`` into a 0-d buffer: the traffic's observed / predicted odds on shared tokens."""
         return self._ratio_of(self.record, self._s)
 
-    def _ratio_of(self, record: torch.Tensor, strength: torch.Tensor | float) -> torch.Tensor:
+    def _ratio_of(self, record: torch.Tensor, strength: torch.Tensor) -> torch.Tensor:
         torch.add(record[1], strength, out=self._r)
         torch.add(record[0], strength, out=self._es)
         return self._r.div_(self._es)
@@ -289,7 +288,7 @@ class ModelAgreement:
         bs, L = survival.shape
         g = self.cols
         v = self._rows(bs)
-        self._share_elems(tokens, length, survival, model_tokens, model_cond, self.record, self.strength,
+        self._share_elems(tokens, length, survival, model_tokens, model_cond, self.record, self._s,
                           v.up, v.c, v.p, v.shared, v.tok)
         for conds, surv in ((v.up, survival), (v.c, model_survival)):
             # columns >= g keep their conditionals: scale them by new S_{g-1} / old S_{g-1}
@@ -302,12 +301,12 @@ class ModelAgreement:
 
     def _share_elems_torch(self, tokens: torch.Tensor, length: torch.Tensor, survival: torch.Tensor,
                            model_tokens: torch.Tensor, model_cond: torch.Tensor, record: torch.Tensor,
-                           strength: float, up: torch.Tensor, c: torch.Tensor, p: torch.Tensor, shared: torch.Tensor,
-                           tok: torch.Tensor) -> None:
+                           strength: torch.Tensor, up: torch.Tensor, c: torch.Tensor, p: torch.Tensor,
+                           shared: torch.Tensor, tok: torch.Tensor) -> None:
         """``share``'s conditionals on the model's columns (the torch reference of ``agreement_share_triton``):
         ``up`` / ``c [bs, cols]`` the n-gram's and the model's after the rules, ``p`` the pre-lift estimate on the
         shared tokens (0 elsewhere), ``shared`` their flags, ``tok`` the model's tokens (``p`` / ``shared`` /
-        ``tok`` are kept for ``update``). ``record`` / ``strength``: the odds ratio's (``ratio``)."""
+        ``tok`` are kept for ``update``). ``record [2]`` / ``strength`` (0-d): the odds ratio's (``ratio``)."""
         g = self.cols
         v = self._rows(survival.shape[0])
         self._prefix(v, tokens, length, model_tokens)

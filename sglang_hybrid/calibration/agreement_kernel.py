@@ -72,13 +72,14 @@ def agreement_apply_triton(tokens: torch.Tensor, length: torch.Tensor, q: torch.
 
 
 @triton.jit
-def _agreement_share_kernel(tok_ptr, len_ptr, sv_ptr, mt_ptr, mc_ptr, rec_ptr, s,
+def _agreement_share_kernel(tok_ptr, len_ptr, sv_ptr, mt_ptr, mc_ptr, rec_ptr, s_ptr,
                             up_ptr, c_ptr, p_ptr, sh_ptr, tk_ptr, bs, G,
                             s_tok, c_tok, s_sv, c_sv, s_mt, c_mt, s_mc, c_mc, s_out, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = rows < bs
     r64 = rows.to(tl.int64)
     n = tl.load(len_ptr + r64, mask=live, other=0).to(tl.int64)
+    s = tl.load(s_ptr)
     r = tl.math.div_rn(tl.load(rec_ptr + 1) + s, tl.load(rec_ptr) + s)  # R = (O + s) / (E + s)
     rm1 = r - 1.0
     alive = live
@@ -111,12 +112,14 @@ def _agreement_share_kernel(tok_ptr, len_ptr, sv_ptr, mt_ptr, mc_ptr, rec_ptr, s
 
 
 def agreement_share_triton(tokens: torch.Tensor, length: torch.Tensor, survival: torch.Tensor,
-                           model_tokens: torch.Tensor, model_cond: torch.Tensor, record: torch.Tensor, strength: float,
+                           model_tokens: torch.Tensor, model_cond: torch.Tensor, record: torch.Tensor,
+                           strength: torch.Tensor,
                            up: torch.Tensor, c: torch.Tensor, p: torch.Tensor, shared: torch.Tensor,
                            tok: torch.Tensor) -> None:
     """Triton twin of ``ModelAgreement._share_elems_torch``: the new conditionals of both chains on the model's
     ``cols`` columns (``up`` n-gram, ``c`` model), the pre-lift estimate ``p`` and the ``shared`` flags, and the
-    model's tokens ``tok``, for ``update``. Outputs ``[bs, cols]``, one row stride, contiguous rows."""
+    model's tokens ``tok``, for ``update``. ``record [2]`` / ``strength`` (a 0-d float32 tensor): the odds ratio's.
+    Outputs ``[bs, cols]``, one row stride, contiguous rows."""
     bs, g = up.shape
     if bs == 0:
         return
@@ -124,7 +127,7 @@ def agreement_share_triton(tokens: torch.Tensor, length: torch.Tensor, survival:
             and up.stride(1) == c.stride(1) == p.stride(1) == shared.stride(1) == tok.stride(1) == 1):
         raise ValueError("agreement_share_triton: the outputs need one row stride and contiguous rows")
     _agreement_share_kernel[(triton.cdiv(bs, BLOCK_B),)](
-        tokens, length, survival, model_tokens, model_cond, record, float(strength), up, c, p, shared, tok, bs, g,
+        tokens, length, survival, model_tokens, model_cond, record, strength, up, c, p, shared, tok, bs, g,
         tokens.stride(0), tokens.stride(1), survival.stride(0), survival.stride(1), model_tokens.stride(0),
         model_tokens.stride(1), model_cond.stride(0), model_cond.stride(1), up.stride(0),
         BLOCK=BLOCK_B, enable_fp_fusion=False,
