@@ -9,7 +9,7 @@ column reads "n/a (no GPU)".
 Histories are random tokens (``--vocab``) whose last 12 tokens repeat a span from the start of the row, so
 every request drafts and the whole row is scanned (window 0). The table width equals the history length.
 "tail lookup" is the n-gram tail's lookup after a 7-token model chain (``TokenHistory.lookup_after``: the
-append, the same lookup kernel, the restore), which a step with the tail on runs beside the lookup.
+stash, the append, the same lookup kernel, the restore), which a step with the tail on runs beside the lookup.
 
 Example (CPU subset)::
 
@@ -18,8 +18,8 @@ Example (CPU subset)::
 ``--corpus`` benchmarks the cross-request corpus instead (``sglang_hybrid/ngram/corpus.py``): one batched
 lookup (draft walk, max_draft 16) and one batched insert of ``APPEND_K`` tokens per request, on a table of
 ``--corpus-entries`` entries pre-filled from the histories (the issue's budget: lookup + insert under 30 us
-at batch 128 on the GPU), and the corpus tail's lookup after a 7-token model chain (``run_after``: the append,
-the same walk kernel into its own buffers, the restore; a step with ``corpus_tail`` runs it beside the lookup).
+at batch 128 on the GPU), and the corpus tail's lookup after a 7-token model chain (``run_after``: the stash,
+the append, the same walk kernel into its own buffers, the restore; a step with ``corpus_tail`` runs it beside the lookup).
 The history length column is the ``TokenHistory`` width the contexts come from.
 """
 

@@ -93,7 +93,11 @@ def launch_all(bs: int) -> list[str]:
     kernels.history_reset_triton(lens, plens, slots)
     outs = (_i32(bs, D), _i32(bs), _i32(bs), _i32(bs), _i32(bs))
     kernels.ngram_lookup_triton(toks, lens, plens, slots, *outs, 2, 8, 0)
-    labels += ["history write_prompt", "history append", "history reset", "n-gram lookup"]
+    stash = (torch.zeros(bs, 7, dtype=torch.int64), _i32(bs, 7), torch.zeros(bs, dtype=torch.int64), _i32(bs))
+    kernels.history_stash_triton(toks, lens, slots, *stash)
+    kernels.history_restore_triton(toks, lens, *stash)
+    labels += ["history write_prompt", "history append", "history reset", "n-gram lookup", "history stash",
+               "history restore"]
 
     nb, ways, n_max = 1 << 18, 8, 8
     table, coef, tenant = (_i32(nb, ways), _i32(nb, ways), _i32(nb, ways)), make_coef(n_max, "cpu"), _i32(bs)

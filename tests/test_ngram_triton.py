@@ -234,3 +234,87 @@ def test_moderate_length_history(kernel_device: torch.device) -> None:
     assert a[0][0].tolist() == row[343:359] and int(a[2][0]) == 8
     b = _lookup(_table([wrapped], 4096, [100]), [0], 2, 8, 0, 16, kernel_device)
     assert b[0][0].tolist() == wrapped[-1991:-1975] and int(b[2][0]) == 8 and int(b[4][0]) == 0
+
+
+def _stash_oracle(tokens: torch.Tensor, lens: torch.Tensor, slots: list[int], g: int) -> tuple[list, ...]:
+    """Brute force: per entry the clamped slot, its length, the flat ring index of each of ``g`` appended
+    columns and the token there."""
+    ns, width = tokens.shape
+    flat = tokens.reshape(-1).tolist()
+    s64 = [min(max(s, 0), ns - 1) for s in slots]
+    l0 = [int(lens[s]) for s in s64]
+    idx = [[s * width + (n + c) % width for c in range(g)] for s, n in zip(s64, l0)]
+    return s64, l0, idx, [[flat[i] for i in row] for row in idx]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stash_append_restore_matches_reference_and_oracle(seed: int, kernel_device: torch.device) -> None:
+    """``history_stash`` / ``history_restore`` (``TokenHistory.run_after``'s save and put-back): the kernels equal
+    the references bit for bit and both equal a brute-force oracle, on rings that wrap, padded (-1) and wild
+    slots, duplicates, and an append in between; restoring gives back the table exactly."""
+    rng = random.Random(seed)
+    dev = kernel_device
+    for trial in range(20):
+        ns, width = rng.randint(1, 6), rng.randint(1, 20)
+        rows = [_rand_hist(rng, rng.randint(0, 3 * width), 9) for _ in range(ns)]
+        a = _table(rows, width)
+        b = _on(dev, (t.clone() for t in a))
+        before = tuple(t.clone() for t in a)
+        real = rng.sample(range(ns), rng.randint(1, ns))
+        pads = rng.sample([-1, ns, -(2**40), 2**33], rng.randint(0, 2))
+        slots = real + pads
+        if trial % 4 == 3:  # a duplicate: it saves the same values (not appended to: appends need distinct slots)
+            slots.append(real[0])
+        rng.shuffle(slots)
+        g = rng.randint(1, width)
+        bs = len(slots)
+        sl = torch.tensor(slots, dtype=torch.int64)
+        outs_a = (torch.full((bs, g), -3, dtype=torch.int64), torch.full((bs, g), -3, dtype=torch.int32),
+                  torch.full((bs,), -3, dtype=torch.int64), torch.full((bs,), -3, dtype=torch.int32))
+        outs_b = _on(dev, (t.clone() for t in outs_a))
+        ref.history_stash_ref(a[0], a[1], sl, *outs_a)
+        tk.history_stash_triton(b[0], b[1], sl.to(dev), *outs_b)
+        for x, y in zip(outs_a, outs_b):
+            assert torch.equal(x, y.cpu()), (x, y)
+        s64, l0, idx, saved = _stash_oracle(a[0], a[1], slots, g)
+        assert outs_a[2].tolist() == s64 and outs_a[3].tolist() == l0
+        assert outs_a[0].tolist() == idx and outs_a[1].tolist() == saved
+        assert all(torch.equal(x, y) for x, y in zip(a, before))  # the stash writes nothing in the table
+        if trial % 4 != 3:
+            new = torch.randint(0, 9, (bs, g), dtype=torch.int32)
+            counts = torch.full((bs,), g, dtype=torch.int32)
+            ref.history_append_ref(a[0], a[1], sl, new, counts)
+            tk.history_append_triton(b[0], b[1], *_on(dev, (sl, new, counts)))
+        ref.history_restore_ref(a[0], a[1], *outs_a)
+        tk.history_restore_triton(b[0], b[1], *outs_b)
+        for x, y, z in zip(a, b, before):
+            assert torch.equal(x, z) and torch.equal(y.cpu(), z)
+
+
+def test_stash_restore_on_row_views_empty_batches_and_bad_scratch(kernel_device: torch.device) -> None:
+    """The scratch is the ``[:bs]`` rows of ``[max_bs, G]`` buffers (``reserve_after``): the rows past ``bs`` are
+    not touched; a batch of 0 is a no-op; a non-contiguous scratch is refused by both backends."""
+    dev = kernel_device
+    a = _table([[1, 2, 3, 4, 5], [6, 7]], 4)
+    b = _on(dev, (t.clone() for t in a))
+    buf = (torch.full((3, 3), -3, dtype=torch.int64), torch.full((3, 3), -3, dtype=torch.int32),
+           torch.full((3,), -3, dtype=torch.int64), torch.full((3,), -3, dtype=torch.int32))
+    buf_b = _on(dev, (t.clone() for t in buf))
+    sl = torch.tensor([1, 0], dtype=torch.int64)
+    ref.history_stash_ref(a[0], a[1], sl, *(t[:2] for t in buf))
+    tk.history_stash_triton(b[0], b[1], sl.to(dev), *(t[:2] for t in buf_b))
+    for x, y in zip(buf, buf_b):
+        assert torch.equal(x, y.cpu()) and (x[2] == -3).all()
+    assert buf[1][:2].tolist() == [[-5, -5, 6], [2, 3, 4]]  # slot 1 (len 2): columns 2, 3, 0 of its ring
+    empty = (torch.zeros(0, 3, dtype=torch.int64), torch.zeros(0, 3, dtype=torch.int32),
+             torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int32))
+    tk.history_stash_triton(b[0], b[1], torch.zeros(0, dtype=torch.int64, device=dev), *_on(dev, empty))
+    tk.history_restore_triton(b[0], b[1], *_on(dev, empty))
+    assert all(torch.equal(x, y.cpu()) for x, y in zip(a, b))
+    cols = (buf_b[0][:2, :2], buf_b[1][:2, :2], buf_b[2][:2], buf_b[3][:2])  # every row 3 apart: not contiguous
+    for fn in (ref.history_stash_ref, tk.history_stash_triton):
+        with pytest.raises(ValueError, match="must be contiguous"):
+            fn(b[0], b[1], sl.to(dev), *cols)
+    for fn in (ref.history_restore_ref, tk.history_restore_triton):
+        with pytest.raises(ValueError, match="must be contiguous"):
+            fn(b[0], b[1], *cols)

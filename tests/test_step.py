@@ -178,6 +178,7 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
         return run
 
     s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
+    s.history._stash, s.history._restore = tagged(s.history._stash), tagged(s.history._restore)
     s.calib_dev._fn = tagged(s.calib_dev._fn)
     assert s.online is not None and s.online.deferred is not None and s.online.deferred.backend == "triton"
     s.online.deferred._elems = tagged(s.online.deferred._elems)
@@ -222,10 +223,11 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
 
     events = list(prof.events())
     # 2 x (lookup, calibration, online apply, selection, append, deferred scoring) + 2 x the tail after the model
-    # chain (append, lookup, calibration, online apply, online update): verify_window 8 > gamma leaves it 8 - gamma
-    # columns; 2 x the model agreement's apply, share and update; 2 x the counters' per-request kernel.
+    # chain (stash, append, lookup, restore, calibration, online apply, online update): verify_window 8 > gamma
+    # leaves it 8 - gamma columns; 2 x the model agreement's apply, share and update; 2 x the counters'
+    # per-request kernel.
     assert s.tail is not None
-    assert sum(e.name == "hybrid_kernel" for e in events) == 30
+    assert sum(e.name == "hybrid_kernel" for e in events) == 34
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

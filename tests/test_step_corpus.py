@@ -162,6 +162,7 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
         return run
 
     s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
+    s.history._stash, s.history._restore = tagged(s.history._stash), tagged(s.history._restore)
     s.corpus._lookup, s.corpus._insert = tagged(s.corpus._lookup), tagged(s.corpus._insert)
     s.calib_dev._fn = tagged(s.calib_dev._fn)
     s.online.deferred._elems = tagged(s.online.deferred._elems)
@@ -199,11 +200,11 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
 
     events = list(prof.events())
     # lookup, corpus lookup, calibration, the n-gram's and the corpus's online apply, selection, append, corpus
-    # insert, deferred scoring, the corpus's online update, and the model chain's tail (append, lookup,
+    # insert, deferred scoring, the corpus's online update, and the model chain's tail (stash, append, lookup, restore,
     # calibration, online apply and update; with the corpus's tail, its corpus lookup, online apply and update),
     # the model agreement's apply (both candidates), share and update, the counters' per-request kernel, and the
     # corpus's fitted table (the candidate's; with the corpus's tail, its own)
-    assert sum(e.name == "hybrid_kernel" for e in events) == 21 + 4 * corpus_tail
+    assert sum(e.name == "hybrid_kernel" for e in events) == 23 + 4 * corpus_tail
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

@@ -32,7 +32,7 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _ops(backend: str) -> tuple[Callable[..., None], ...]:
-    """``(write_prompt, append, reset, lookup)`` of a backend."""
+    """``(write_prompt, append, reset, lookup, stash, restore)`` of a backend."""
     if backend == "triton":
         from . import kernels
 
@@ -41,12 +41,16 @@ def _ops(backend: str) -> tuple[Callable[..., None], ...]:
             kernels.history_append_triton,
             kernels.history_reset_triton,
             kernels.ngram_lookup_triton,
+            kernels.history_stash_triton,
+            kernels.history_restore_triton,
         )
     return (
         reference.history_write_prompt_ref,
         reference.history_append_ref,
         reference.history_reset_ref,
         reference.ngram_lookup_ref,
+        reference.history_stash_ref,
+        reference.history_restore_ref,
     )
 
 
@@ -103,7 +107,7 @@ class TokenHistory:
             match_count=torch.zeros(max_batch_size, dtype=torch.int32, device=device),
             in_prompt=torch.zeros(max_batch_size, dtype=torch.int32, device=device),
         )
-        self._write_prompt, self._append, self._reset, self._lookup = _ops(backend)
+        self._write_prompt, self._append, self._reset, self._lookup, self._stash, self._restore = _ops(backend)
         self._overflow_logged = False
         if max_context_len is not None and max_context_len > width:
             self._log_overflow(
@@ -238,10 +242,11 @@ class TokenHistory:
             mb, dev = self.max_batch_size, self.device
             sc = (torch.zeros(mb, columns, dtype=torch.int64, device=dev),  # flat ring index of each appended token
                   torch.zeros(mb, columns, dtype=torch.int32, device=dev),  # the tokens it overwrites
-                  torch.zeros(mb, dtype=torch.int64, device=dev),  # slots as int64
+                  torch.zeros(mb, dtype=torch.int64, device=dev),  # slots as int64, clamped
                   torch.zeros(mb, dtype=torch.int32, device=dev),  # lengths before the append
-                  torch.full((mb,), columns, dtype=torch.int32, device=dev),  # append counts
-                  torch.arange(columns, dtype=torch.int64, device=dev).view(1, -1))
+                  torch.full((mb,), columns, dtype=torch.int32, device=dev))  # append counts
+            if self.backend != "triton":  # the torch stash's column offsets, made here rather than in a step
+                reference._cols(columns, dev)
             self._after = sc
         return sc
 
@@ -258,9 +263,10 @@ class TokenHistory:
     def run_after(self, slots: torch.Tensor, extra: torch.Tensor, fn: Callable[[], T]) -> T:
         """``fn()`` run while ``extra [bs, G]`` (int32, every column) follows each slot's history; returns its result.
 
-        It appends ``extra``, calls ``fn`` (lookups that read this history: the n-gram's, the corpus's), then puts
-        back the ``G`` ring columns the append overwrote and the lengths, all on the device in buffers sized for
-        ``max_batch_size`` rows and ``G`` columns (``reserve_after``; no host sync), so the table is unchanged.
+        It saves the ``G`` ring columns the append will overwrite and the lengths (``stash``), appends ``extra``,
+        calls ``fn`` (lookups that read this history: the n-gram's, the corpus's), then puts them back
+        (``restore``), all on the device in buffers sized for ``max_batch_size`` rows and ``G`` columns
+        (``reserve_after``; no host sync), so the table is unchanged: three launches with the Triton backend.
         ``slots`` must be distinct; ``G <= width``.
         """
         bs = self._check_slots(slots, distinct=True, batch_limit=True)
@@ -269,21 +275,14 @@ class TokenHistory:
         if g > self.width:
             raise ValueError(f"extra has {g} columns, more than the row width {self.width}")
         sc = self.reserve_after(g)
-        idx, saved, s64, lens0, counts, col = sc[0][:bs], sc[1][:bs], sc[2][:bs], sc[3][:bs], sc[4][:bs], sc[5]
-        s64.copy_(slots)
+        idx, saved, s64, lens0, counts = sc[0][:bs], sc[1][:bs], sc[2][:bs], sc[3][:bs], sc[4][:bs]
         # An out-of-range slot (a padded entry) reads and restores a real row's own values: a no-op.
-        s64.clamp_(0, self.num_slots - 1)
-        torch.index_select(self.lens, 0, s64, out=lens0)
-        idx.copy_(lens0.view(-1, 1))
-        idx.add_(col).remainder_(self.width).add_(s64.view(-1, 1), alpha=self.width)
-        flat = self.tokens.view(-1)
-        torch.index_select(flat, 0, idx.view(-1), out=saved.view(-1))
+        self._stash(self.tokens, self.lens, slots, idx, saved, s64, lens0)
         self.append(slots, extra, counts)
         try:
             return fn()
         finally:
-            flat.index_copy_(0, idx.view(-1), saved.view(-1))
-            self.lens.index_copy_(0, s64, lens0)
+            self._restore(self.tokens, self.lens, idx, saved, s64, lens0)
 
     # ---------------------------------------------------------------- diagnostics (host-syncing)
 

@@ -18,10 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
+from . import reference
+
 __all__ = [
     "history_write_prompt_triton",
     "history_append_triton",
     "history_reset_triton",
+    "history_stash_triton",
+    "history_restore_triton",
     "ngram_lookup_triton",
     "LOOKUP_BLOCK",
     "LOOKUP_NUM_WARPS",
@@ -105,6 +109,41 @@ def _reset_kernel(lens_ptr, prompt_lens_ptr, slots_ptr, bs, num_slots, BLOCK: tl
     zero = tl.zeros([BLOCK], dtype=tl.int32)
     tl.store(lens_ptr + s, zero, mask=ok)
     tl.store(prompt_lens_ptr + s, zero, mask=ok)
+
+
+@triton.jit
+def _stash_kernel(
+    tokens_ptr, lens_ptr, slots_ptr, idx_ptr, saved_ptr, slot64_ptr, lens0_ptr,
+    num_slots, width, g, stride_ib, stride_sb,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    s = tl.load(slots_ptr + b).to(tl.int64)
+    s = tl.minimum(tl.maximum(s, 0), num_slots - 1)
+    l0 = tl.load(lens_ptr + s)
+    tl.store(slot64_ptr + b, s)
+    tl.store(lens0_ptr + b, l0)
+    c = tl.arange(0, BLOCK)
+    mask = c < g
+    idx = s * width + (l0.to(tl.int64) + c) % width
+    tok = tl.load(tokens_ptr + idx, mask=mask, other=0)
+    tl.store(idx_ptr + b.to(tl.int64) * stride_ib + c, idx, mask=mask)
+    tl.store(saved_ptr + b.to(tl.int64) * stride_sb + c, tok, mask=mask)
+
+
+@triton.jit
+def _restore_kernel(
+    tokens_ptr, lens_ptr, idx_ptr, saved_ptr, slot64_ptr, lens0_ptr,
+    g, stride_ib, stride_sb,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    c = tl.arange(0, BLOCK)
+    mask = c < g
+    idx = tl.load(idx_ptr + b.to(tl.int64) * stride_ib + c, mask=mask, other=0)
+    tok = tl.load(saved_ptr + b.to(tl.int64) * stride_sb + c, mask=mask, other=0)
+    tl.store(tokens_ptr + idx, tok, mask=mask)
+    tl.store(lens_ptr + tl.load(slot64_ptr + b), tl.load(lens0_ptr + b))
 
 
 @triton.jit
@@ -217,6 +256,48 @@ def history_reset_triton(lens: torch.Tensor, prompt_lens: torch.Tensor, slots: t
         return
     block = _pow2(bs, hi=_RESET_BLOCK)
     _reset_kernel[(triton.cdiv(bs, block),)](lens, prompt_lens, slots, bs, lens.shape[0], BLOCK=block)
+
+
+def history_stash_triton(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    slots: torch.Tensor,
+    idx: torch.Tensor,
+    saved: torch.Tensor,
+    slot64: torch.Tensor,
+    lens0: torch.Tensor,
+) -> None:
+    """Triton twin of :func:`reference.history_stash_ref`: one program per request."""
+    reference._check_scratch(idx, saved)
+    num_slots, width = tokens.shape
+    bs, g = idx.shape
+    if bs == 0:
+        return
+    _stash_kernel[(bs,)](
+        tokens, lens, slots, idx, saved, slot64, lens0,
+        num_slots, width, g, idx.stride(0), saved.stride(0),
+        BLOCK=_pow2(g, hi=None),
+    )
+
+
+def history_restore_triton(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    idx: torch.Tensor,
+    saved: torch.Tensor,
+    slot64: torch.Tensor,
+    lens0: torch.Tensor,
+) -> None:
+    """Triton twin of :func:`reference.history_restore_ref`: one program per request."""
+    reference._check_scratch(idx, saved)
+    bs, g = idx.shape
+    if bs == 0:
+        return
+    _restore_kernel[(bs,)](
+        tokens, lens, idx, saved, slot64, lens0,
+        g, idx.stride(0), saved.stride(0),
+        BLOCK=_pow2(g, hi=None),
+    )
 
 
 def ngram_lookup_triton(

@@ -42,6 +42,8 @@ __all__ = [
     "history_write_prompt_ref",
     "history_append_ref",
     "history_reset_ref",
+    "history_stash_ref",
+    "history_restore_ref",
     "ngram_lookup_ref",
 ]
 
@@ -131,6 +133,69 @@ def history_reset_ref(lens: torch.Tensor, prompt_lens: torch.Tensor, slots: torc
     zero = torch.where(ok, torch.zeros_like(keep), keep)
     lens.scatter_reduce_(0, s, zero, reduce="amin")
     prompt_lens.scatter_reduce_(0, s, zero.to(prompt_lens.dtype), reduce="amin")
+
+
+_COLS: dict = {}
+
+
+def _cols(g: int, device: torch.device) -> torch.Tensor:
+    """``arange(g)`` as a ``[1, g]`` int64 row, made once per (g, device): no decode step allocates it."""
+    key = (g, str(device))
+    c = _COLS.get(key)
+    if c is None:
+        c = _COLS[key] = torch.arange(g, dtype=torch.int64, device=device).view(1, -1)
+    return c
+
+
+def _check_scratch(idx: torch.Tensor, saved: torch.Tensor) -> None:
+    """Host-only shape check of the stash's scratch (shared by both backends)."""
+    if not (idx.is_contiguous() and saved.is_contiguous()) or idx.shape != saved.shape:
+        raise ValueError(f"idx {tuple(idx.shape)} and saved {tuple(saved.shape)} must be contiguous and of one shape")
+
+
+def history_stash_ref(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    slots: torch.Tensor,
+    idx: torch.Tensor,
+    saved: torch.Tensor,
+    slot64: torch.Tensor,
+    lens0: torch.Tensor,
+) -> None:
+    """Save what an append of ``G = idx.shape[1]`` tokens to each slot will overwrite, for ``history_restore_ref``.
+
+    Writes ``slot64 [bs]`` int64 (the slot clamped to ``[0, num_slots)``: a padded entry reads a real row, and
+    restores that row's own values), ``lens0 [bs]`` int32 (its length), ``idx [bs, G]`` int64 (the flat ring
+    index ``slot * W + (len + c) % W`` of appended column ``c``) and ``saved [bs, G]`` int32 (the tokens there).
+    Duplicate slots are fine (they save the same values). ``idx`` and ``saved`` must be contiguous (the rows
+    ``[:bs]`` of ``TokenHistory.reserve_after``'s buffers are).
+    """
+    num_slots, width = tokens.shape
+    _check_scratch(idx, saved)
+    if slots.shape[0] == 0:
+        return
+    slot64.copy_(slots)
+    slot64.clamp_(0, num_slots - 1)
+    torch.index_select(lens, 0, slot64, out=lens0)
+    idx.copy_(lens0.view(-1, 1))
+    idx.add_(_cols(idx.shape[1], idx.device)).remainder_(width).add_(slot64.view(-1, 1), alpha=width)
+    torch.index_select(tokens.view(-1), 0, idx.view(-1), out=saved.view(-1))
+
+
+def history_restore_ref(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    idx: torch.Tensor,
+    saved: torch.Tensor,
+    slot64: torch.Tensor,
+    lens0: torch.Tensor,
+) -> None:
+    """Put back what ``history_stash_ref`` saved: ``tokens.flat[idx] = saved`` and ``lens[slot64] = lens0``."""
+    _check_scratch(idx, saved)
+    if slot64.shape[0] == 0:
+        return
+    tokens.view(-1).index_copy_(0, idx.view(-1), saved.view(-1))
+    lens.index_copy_(0, slot64, lens0)
 
 
 def scan_length(width: int, window: int) -> int:
