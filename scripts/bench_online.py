@@ -3,7 +3,8 @@
 ``update`` (``calibration/online_kernel.py``), and the deferred scoring of ``update_from_history``
 (``calibration/deferred_kernel.py``); and the step's other per-step records with kernels: the model agreement's
 ``apply``, ``share`` and ``update`` (``calibration/agreement_kernel.py``), the counters' ``update``
-(``stats_kernel.py``) and the corpus's fitted table (``corpus_table.price``, ``calibration/corpus_table_kernel.py``).
+(``stats_kernel.py``), the corpus's fitted table (``corpus_table.price``, ``calibration/corpus_table_kernel.py``)
+and the choice between two chains (``choose``: the corpus candidate's, ``calibration/choose_kernel.py``).
 
 ``apply`` and ``update_from_history`` run as the step runs the n-gram record (``defer`` 8, ``bins`` 8, ``L`` 16
 draft columns): every ring entry and position does real work; ``update`` as the corpus candidate's and the
@@ -35,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from sglang_hybrid.calibration.agreement import ModelAgreement  # noqa: E402
 from sglang_hybrid.calibration.candidates import Q_ONE  # noqa: E402
+from sglang_hybrid.calibration.choose import choose_rows_fn  # noqa: E402
 from sglang_hybrid.calibration.corpus_table import DEFAULT_CORPUS_TABLE, CorpusTable  # noqa: E402
 from sglang_hybrid.calibration.online import OnlineCalibration  # noqa: E402
 from sglang_hybrid.stats import StepStats  # noqa: E402
@@ -105,6 +107,15 @@ def _setup(bs: int, backend: str, dev: torch.device, L: int, hist: int):
     def corpus_price() -> None:
         ctab.price(cq, cscale, cml, ccnt, cout)
 
+    chooser = choose_rows_fn(backend)
+    ch_a, ch_b = torch.rand(bs, L, generator=g).to(dev), torch.rand(bs, L, generator=g).to(dev)
+    ch_e = (torch.zeros(bs, device=dev), torch.zeros(bs, device=dev), torch.zeros(bs, dtype=torch.bool, device=dev))
+    ch_t = tuple(torch.randint(0, 8, (bs, L), generator=g, dtype=torch.int32).to(dev) for _ in range(3))
+    ch_l = tuple(torch.randint(0, L, (bs,), generator=g, dtype=torch.int32).to(dev) for _ in range(3))
+
+    def choose() -> None:  # the corpus candidate's choice (in place: the winner's survivals overwrite ch_a)
+        chooser(ch_a, ch_b, L, *ch_e, *ch_t, *ch_l)
+
     for _ in range(3):  # fill the rings
         h.append(slots, new, cnt)
         apply()
@@ -116,7 +127,7 @@ def _setup(bs: int, backend: str, dev: torch.device, L: int, hist: int):
         ag_update()
     return {"apply": apply, "update_from_history": record, "update": update, "agreement.apply": ag_apply,
             "agreement.share": ag_share, "agreement.update": ag_update, "stats.update": stats,
-            "corpus_table.price": corpus_price}
+            "corpus_table.price": corpus_price, "choose": choose}
 
 
 def _time(fn, dev: torch.device, repeats: int, warmup: int) -> float:
@@ -160,7 +171,7 @@ def main() -> int:
     print("| call | bs | torch | triton | triton, graph | ops torch | ops triton |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in ("apply", "update_from_history", "update", "agreement.apply", "agreement.share", "agreement.update",
-                 "stats.update", "corpus_table.price"):
+                 "stats.update", "corpus_table.price", "choose"):
         for bs in (int(x) for x in a.bs.split(",")):
             row = {}
             for backend in ("torch", "triton") if triton_ok else ("torch",):

@@ -169,6 +169,14 @@ def launch_all(bs: int) -> list[str]:
     corpus_price_triton(ctab, _i32(bs, L), torch.ones(()), _i32(bs), _i32(bs), f32(bs, L))
     labels += ["corpus table price"]
 
+    from sglang_hybrid.calibration.choose_kernel import choose_rows_triton
+
+    ch = (f32(bs, L), f32(bs, L), L, f32(bs), f32(bs), torch.zeros(bs, dtype=torch.bool), _i32(bs, L), _i32(bs, L),
+          _i32(bs, L))
+    choose_rows_triton(*ch, _i32(bs), _i32(bs), _i32(bs))  # the corpus candidate's: tokens and lengths
+    choose_rows_triton(*ch, q_a=f32(bs, L), q_b=f32(bs, L), q_out=f32(bs, L))  # the tails': tokens and estimates
+    labels += ["choose rows (lengths)", "choose rows (estimates)"]
+
     out = SelectionOutput.empty(bs, D)
     sel = (_i32(bs, gamma), torch.ones((bs, gamma)), _i32(bs, D), torch.ones((bs, D)), _i32(bs))
     select_chains_triton(*sel, torch.tensor([4 * bs], dtype=torch.int32), None, out)

@@ -32,7 +32,8 @@ COMPONENTS = {"history": ["lookup", "append", "lookup_after", "run_after"], "cal
               "corpus_cand": ["price", "choose", "update"], "tail": ["extend", "update", "draft_buffers"],
               "ctail": ["lookup", "price", "update"], "stats": ["update"],
               "agreement": ["apply", "share", "update"]}
-KERNELS = {"history": ["_lookup", "_append", "_stash", "_restore"], "calib_dev": ["_fn"], "corpus": ["_lookup", "_insert"]}
+KERNELS = {"history": ["_lookup", "_append", "_stash", "_restore"], "calib_dev": ["_fn"],
+           "corpus": ["_lookup", "_insert"], "corpus_cand": ["_choose"], "tail": ["_choose"]}
 
 
 def _tag(obj, name: str, label: str) -> None:

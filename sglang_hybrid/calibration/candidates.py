@@ -25,6 +25,8 @@ from typing import Optional
 
 import torch
 
+from ..backend import resolve_backend
+from .choose import choose_rows_fn
 from .counters import ChainCounters
 from .online import DEFAULT_STRENGTH, OnlineCalibration
 
@@ -74,6 +76,7 @@ class CorpusCandidate:
         # Request-steps that verified a corpus chain, and the drafts accepted on them (``counts()``).
         self.counters = ChainCounters(max_bs, dev, ("corpus_chosen", "accepted_corpus"), offset=1)
         self._one = torch.ones((), dtype=torch.int32, device=dev)
+        self._choose = choose_rows_fn(resolve_backend(backend, dev))  # choose.py (a Triton launch on CUDA)
 
     def reset(self, slots: torch.Tensor) -> None:
         """At prefill: a new request's record starts empty."""
@@ -97,15 +100,9 @@ class CorpusCandidate:
         (views of this object's buffers)."""
         bs = own_tokens.shape[0]
         w = own_surv.shape[1] if limit is None else max(1, min(int(limit), own_surv.shape[1]))
-        e_own, e_cor, pick = self._e_own[:bs], self._e_corpus[:bs], self.pick[:bs]
-        torch.sum(own_surv[:, :w], 1, out=e_own)
-        torch.sum(corpus_surv[:, :w], 1, out=e_cor)
-        torch.gt(e_cor, e_own, out=pick)
-        col = pick.view(-1, 1)
-        torch.where(col, corpus_surv, own_surv, out=own_surv)
         tok, length = self.tokens[:bs], self.length[:bs]
-        torch.where(col, draft.tokens, own_tokens, out=tok)
-        torch.where(pick, draft.length, own_len, out=length)
+        self._choose(own_surv, corpus_surv, w, self._e_own[:bs], self._e_corpus[:bs], self.pick[:bs], own_tokens,
+                     draft.tokens, tok, own_len, draft.length, length)
         return tok, length
 
     def update(self, slots: torch.Tensor, committed: torch.Tensor, counts: torch.Tensor,

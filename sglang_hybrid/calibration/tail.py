@@ -30,9 +30,11 @@ from typing import Optional
 
 import torch
 
+from ..backend import resolve_backend
 from ..ngram.config import NgramConfig, NgramDraft
 from ..ngram.corpus import CorpusDraft
 from .candidates import Q_ONE, price_corpus_draft
+from .choose import choose_rows_fn
 from .counters import ChainCounters
 from .online import DEFAULT_STRENGTH, OnlineCalibration
 
@@ -73,6 +75,7 @@ class ModelTail:
         self._e_ng = torch.zeros(max_bs, dtype=torch.float32, device=dev)  # the two tails' expected lengths
         self._e_cp = torch.zeros(max_bs, dtype=torch.float32, device=dev)
         self._pick = torch.zeros(max_bs, dtype=torch.bool, device=dev)  # True: the corpus's tail
+        self._choose = choose_rows_fn(resolve_backend(backend, dev))  # choose.py (a Triton launch on CUDA)
         self._view_cache: dict[int, SimpleNamespace] = {}
 
     def _views(self, bs: int) -> SimpleNamespace:
@@ -125,14 +128,8 @@ class ModelTail:
         v.tok_tail.copy_(draft.tokens)
         if corpus is not None:  # the better of the two tails, by expected accepted length (ties: the n-gram's)
             ctok, cq, csurv = corpus
-            e_ng, e_cp, pick = v.e_ng, v.e_cp, v.pick
-            torch.sum(surv, 1, out=e_ng)
-            torch.sum(csurv, 1, out=e_cp)
-            torch.gt(e_cp, e_ng, out=pick)
-            col = pick.view(-1, 1)
-            torch.where(col, ctok, v.tok_tail, out=v.tok_tail)
-            torch.where(col, cq, q, out=q)
-            torch.where(col, csurv, surv, out=surv)
+            self._choose(surv, csurv, surv.shape[1], v.e_ng, v.e_cp, v.pick, v.tok_tail, ctok, v.tok_tail,
+                         q_a=q, q_b=cq, q_out=q)
         v.sv_model.copy_(model_surv)
         torch.mul(surv, model_surv[:, g - 1 :], out=v.sv_tail)
         return v.tok, v.sv
