@@ -4,7 +4,8 @@
 (``calibration/deferred_kernel.py``); and the step's other per-step records with kernels: the model agreement's
 ``apply``, ``share`` and ``update`` (``calibration/agreement_kernel.py``), the counters' ``update``
 (``stats_kernel.py``), the corpus's fitted table (``corpus_table.price``, ``calibration/corpus_table_kernel.py``)
-and the choice between two chains (``choose``: the corpus candidate's, ``calibration/choose_kernel.py``).
+the choice between two chains (``choose``: the corpus candidate's, ``calibration/choose_kernel.py``) and a
+chain's counters (``chain_counters.add``, ``calibration/counters_kernel.py``).
 
 ``apply`` and ``update_from_history`` run as the step runs the n-gram record (``defer`` 8, ``bins`` 8, ``L`` 16
 draft columns): every ring entry and position does real work; ``update`` as the corpus candidate's and the
@@ -37,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from sglang_hybrid.calibration.agreement import ModelAgreement  # noqa: E402
 from sglang_hybrid.calibration.candidates import Q_ONE  # noqa: E402
 from sglang_hybrid.calibration.choose import choose_rows_fn  # noqa: E402
+from sglang_hybrid.calibration.counters import ChainCounters  # noqa: E402
 from sglang_hybrid.calibration.corpus_table import DEFAULT_CORPUS_TABLE, CorpusTable  # noqa: E402
 from sglang_hybrid.calibration.online import OnlineCalibration  # noqa: E402
 from sglang_hybrid.stats import StepStats  # noqa: E402
@@ -116,6 +118,13 @@ def _setup(bs: int, backend: str, dev: torch.device, L: int, hist: int):
     def choose() -> None:  # the corpus candidate's choice (in place: the winner's survivals overwrite ch_a)
         chooser(ch_a, ch_b, L, *ch_e, *ch_t, *ch_l)
 
+    chain = ChainCounters(bs, dev, ("n", "acc"), offset=1, backend=backend)
+    chain.rows(bs)[0].copy_(torch.rand(bs, generator=g).to(dev) < 0.5)
+    ch_counts = torch.randint(0, 9, (bs,), generator=g, dtype=torch.int32).to(dev)
+
+    def counters() -> None:  # a chain's counters after verify (its non-blocking host copy included)
+        chain.add(ch_counts)
+
     for _ in range(3):  # fill the rings
         h.append(slots, new, cnt)
         apply()
@@ -127,7 +136,7 @@ def _setup(bs: int, backend: str, dev: torch.device, L: int, hist: int):
         ag_update()
     return {"apply": apply, "update_from_history": record, "update": update, "agreement.apply": ag_apply,
             "agreement.share": ag_share, "agreement.update": ag_update, "stats.update": stats,
-            "corpus_table.price": corpus_price, "choose": choose}
+            "corpus_table.price": corpus_price, "choose": choose, "chain_counters.add": counters}
 
 
 def _time(fn, dev: torch.device, repeats: int, warmup: int) -> float:
@@ -171,7 +180,7 @@ def main() -> int:
     print("| call | bs | torch | triton | triton, graph | ops torch | ops triton |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in ("apply", "update_from_history", "update", "agreement.apply", "agreement.share", "agreement.update",
-                 "stats.update", "corpus_table.price", "choose"):
+                 "stats.update", "corpus_table.price", "choose", "chain_counters.add"):
         for bs in (int(x) for x in a.bs.split(",")):
             row = {}
             for backend in ("torch", "triton") if triton_ok else ("torch",):

@@ -177,6 +177,13 @@ def launch_all(bs: int) -> list[str]:
     choose_rows_triton(*ch, q_a=f32(bs, L), q_b=f32(bs, L), q_out=f32(bs, L))  # the tails': tokens and estimates
     labels += ["choose rows (lengths)", "choose rows (estimates)"]
 
+    from sglang_hybrid.calibration.counters import ChainCounters
+    from sglang_hybrid.calibration.counters_kernel import chain_counters_add_triton
+
+    cc = ChainCounters(bs, "cpu", ("n", "acc"), offset=1, backend="torch")
+    chain_counters_add_triton(cc, torch.zeros(bs, dtype=torch.bool), *cc.rows(bs)[1:], _i32(bs))
+    labels += ["chain counters"]
+
     out = SelectionOutput.empty(bs, D)
     sel = (_i32(bs, gamma), torch.ones((bs, gamma)), _i32(bs, D), torch.ones((bs, D)), _i32(bs))
     select_chains_triton(*sel, torch.tensor([4 * bs], dtype=torch.int32), None, out)

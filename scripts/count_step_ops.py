@@ -75,6 +75,10 @@ def main() -> None:
         tab = getattr(getattr(st, c, None), "table", None)
         if tab is not None and tab.backend == "triton":
             _tag(tab, "_price", "K")
+    for c in ("corpus_cand", "tail", "ctail"):  # the chains' counters
+        cc = getattr(getattr(st, c, None), "counters", None)
+        if cc is not None and cc.backend == "triton":
+            _tag(cc, "_add", "K")
     for comp, names in COMPONENTS.items():
         for n in names:
             if getattr(st, comp, None) is not None and hasattr(getattr(st, comp), n):

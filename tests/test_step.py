@@ -190,6 +190,8 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     ag._apply_elems, ag._share_elems, ag._update_elems = (tagged(ag._apply_elems), tagged(ag._share_elems),
                                                          tagged(ag._update_elems))
     s.stats._elems = tagged(s.stats._elems)  # the counters' per-request kernel
+    assert s.tail.counters.backend == "triton"
+    s.tail.counters._add = tagged(s.tail.counters._add)  # the tail's chain counters
     monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
     slots = torch.tensor([0, 1, 2])
     _prefill(s, slots, [list(range(10, 40)) + list(range(10, 14)), list(range(50, 80)), list(range(90, 99)) * 3])
@@ -225,9 +227,9 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     # 2 x (lookup, calibration, online apply, selection, append, deferred scoring) + 2 x the tail after the model
     # chain (stash, append, lookup, restore, calibration, online apply, online update): verify_window 8 > gamma
     # leaves it 8 - gamma columns; 2 x the model agreement's apply, share and update; 2 x the counters'
-    # per-request kernel.
+    # per-request kernel; 2 x the tail's chain counters.
     assert s.tail is not None
-    assert sum(e.name == "hybrid_kernel" for e in events) == 34
+    assert sum(e.name == "hybrid_kernel" for e in events) == 36
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

@@ -74,7 +74,7 @@ class CorpusCandidate:
         self._scale = torch.tensor(1.0 / Q_ONE, dtype=torch.float32, device=dev)
         self.online = OnlineCalibration(num_slots, max_bs, width, dev, strength, backend=backend) if online else None
         # Request-steps that verified a corpus chain, and the drafts accepted on them (``counts()``).
-        self.counters = ChainCounters(max_bs, dev, ("corpus_chosen", "accepted_corpus"), offset=1)
+        self.counters = ChainCounters(max_bs, dev, ("corpus_chosen", "accepted_corpus"), offset=1, backend=backend)
         self._one = torch.ones((), dtype=torch.int32, device=dev)
         self._choose = choose_rows_fn(resolve_backend(backend, dev))  # choose.py (a Triton launch on CUDA)
 

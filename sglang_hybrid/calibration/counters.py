@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..backend import resolve_backend
+
 __all__ = ["ChainCounters"]
 
 
@@ -16,7 +18,8 @@ class ChainCounters:
     """``names``: the two metric names (request-steps, accepted drafts). ``offset``: the committed tokens that are
     not drafts of this kind (the bonus token, and for a tail the model chain before it)."""
 
-    def __init__(self, max_bs: int, device: torch.device | str, names: tuple[str, str], offset: int) -> None:
+    def __init__(self, max_bs: int, device: torch.device | str, names: tuple[str, str], offset: int,
+                 backend: str = "auto") -> None:
         dev = torch.device(device)
         self.names = names
         self.used = torch.zeros(max_bs, dtype=torch.bool, device=dev)  # the caller writes this step's mask here
@@ -28,6 +31,14 @@ class ChainCounters:
         self._offset = torch.full((), offset, dtype=torch.int64, device=dev)
         self._step0, self._step1 = self._step[0], self._step[1]
         self._views: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.backend = resolve_backend(backend, dev)
+        self._add = self._add_torch
+        if self.backend == "triton":  # one launch (counters_kernel.py), the same integers
+            from functools import partial
+
+            from .counters_kernel import chain_counters_add_triton
+
+            self._add = partial(chain_counters_add_triton, self)
 
     def rows(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(used, used_i, acc)[:bs]``, sliced once per batch size (a slice is a Python-level op that an eagerly
@@ -41,6 +52,13 @@ class ChainCounters:
         """Count the requests marked in ``self.used[:bs]``, with ``max(0, counts - offset)`` drafts accepted each
         (``counts [bs]``: committed tokens, accepted drafts then the bonus)."""
         used, used_i, acc = self.rows(counts.shape[0])
+        self._add(used, used_i, acc, counts)
+        self._host.copy_(self.counters, non_blocking=True)
+
+    def _add_torch(self, used: torch.Tensor, used_i: torch.Tensor, acc: torch.Tensor, counts: torch.Tensor) -> None:
+        """The reference of ``counters_kernel.chain_counters_add_triton`` and the CPU's path: ``used_i`` = the mask
+        as int64, ``acc`` = ``max(counts - offset, 0)`` where marked, ``_step`` = their sums, added to
+        ``counters``."""
         used_i.copy_(used)  # bool -> int64 in place (mixed-dtype ops would allocate)
         acc.copy_(counts)
         acc.sub_(self._offset)
@@ -49,7 +67,6 @@ class ChainCounters:
         torch.sum(used_i, 0, out=self._step0)
         torch.sum(acc, 0, out=self._step1)
         self.counters.add_(self._step)
-        self._host.copy_(self.counters, non_blocking=True)
 
     def counts(self) -> dict:
         """Host side, never waits."""

@@ -70,7 +70,8 @@ class ModelTail:
         self._gamma = torch.full((), gamma, dtype=torch.int32, device=dev)
         self.online = OnlineCalibration(num_slots, max_bs, tail, dev, strength, backend=backend) if online else None
         # Request-steps that verified the model chain into its tail, and the tail tokens accepted (``counts()``).
-        self.counters = ChainCounters(max_bs, dev, ("tail_chosen", "accepted_tail"), offset=gamma + 1)
+        self.counters = ChainCounters(max_bs, dev, ("tail_chosen", "accepted_tail"), offset=gamma + 1,
+                                      backend=backend)
         self._is_model = torch.zeros(max_bs, dtype=torch.bool, device=dev)
         self._e_ng = torch.zeros(max_bs, dtype=torch.float32, device=dev)  # the two tails' expected lengths
         self._e_cp = torch.zeros(max_bs, dtype=torch.float32, device=dev)
@@ -227,7 +228,8 @@ class CorpusTail:
         self._scale = torch.tensor(1.0 / Q_ONE, dtype=torch.float32, device=dev)
         self.online = OnlineCalibration(num_slots, max_bs, tail, dev, strength, backend=backend) if online else None
         # Request-steps that verified into a corpus tail, and the tail tokens accepted (``ModelTail.update``).
-        self.counters = ChainCounters(max_bs, dev, ("corpus_tail_chosen", "accepted_corpus_tail"), offset=gamma + 1)
+        self.counters = ChainCounters(max_bs, dev, ("corpus_tail_chosen", "accepted_corpus_tail"), offset=gamma + 1,
+                                      backend=backend)
         self._view_cache: dict[int, object] = {}
 
     def _out(self, bs: int):
