@@ -156,11 +156,15 @@ def launch_all(bs: int) -> list[str]:
                             f32(2, bs, g))
     labels += ["agreement apply", "agreement share", "agreement update"]
 
-    from sglang_hybrid.stats_kernel import stats_elems_triton
+    from sglang_hybrid.stats import StepStats
+    from sglang_hybrid.stats_kernel import stats_elems_triton, stats_reduce_triton
 
     stats_elems_triton(_i32(bs), _i32(bs), _i32(bs), i64(bs), i64(bs), i64(bs, 7), f32(bs, gamma), f32(bs, gamma),
                        True)
-    labels += ["step counters"]
+    st = StepStats(num_slots=bs, max_bs=bs, gamma=gamma, model_prior=0.5, model_ema=0.1, device=torch.device("cpu"),
+                   backend="torch")
+    stats_reduce_triton(st, torch.arange(bs), i64(bs), i64(bs), i64(bs, 7))
+    labels += ["step counters", "step counters (batch)"]
 
     from sglang_hybrid.calibration.corpus_table import DEFAULT_CORPUS_TABLE, CorpusTable
     from sglang_hybrid.calibration.corpus_table_kernel import corpus_price_triton

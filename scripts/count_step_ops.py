@@ -69,8 +69,9 @@ def main() -> None:
     if st.agreement is not None and st.agreement.backend == "triton":  # the model-agreement kernels
         for n in ("_apply_elems", "_share_elems", "_update_elems"):
             _tag(st.agreement, n, "K")
-    if st.stats.backend == "triton":  # the counters' per-request kernel
+    if st.stats.backend == "triton":  # the counters' kernels
         _tag(st.stats, "_elems", "K")
+        _tag(st.stats, "_reduce", "K")
     for c in ("corpus_cand", "ctail"):  # the corpus's fitted table
         tab = getattr(getattr(st, c, None), "table", None)
         if tab is not None and tab.backend == "triton":

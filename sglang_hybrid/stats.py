@@ -41,11 +41,14 @@ class StepStats:
         # The per-request part of update: the torch ops of _elems_torch (the reference, what the CPU runs) or one
         # Triton launch (stats_kernel.py; "auto" on CUDA), equal exactly (integers and 0/1 flags).
         self.backend = resolve_backend(backend, device)
-        self._elems = self._elems_torch
+        self._elems, self._reduce = self._elems_torch, self._reduce_torch
         if self.backend == "triton":
-            from .stats_kernel import stats_elems_triton
+            from functools import partial
 
-            self._elems = stats_elems_triton
+            from .stats_kernel import stats_elems_triton, stats_reduce_triton
+
+            self._elems, self._reduce = stats_elems_triton, partial(stats_reduce_triton, self)
+        self.c_steps = C_STEPS
         self.model_ema = float(model_ema)
         # Per-position conditional acceptance of the model chain, refit from model-chain steps.
         self.model_cond = torch.full((gamma,), model_prior, dtype=torch.float32, **kw)
@@ -111,20 +114,27 @@ class StepStats:
         self._elems(accept_lens, verify_len, choice, v.acc, v.vlen, v.per_req, v.tried_f, v.ok_f, refit)
         if refit:
             self._refit(v)
-        acc, vlen, pr = v.acc, v.vlen, v.per_req
-        torch.sum(pr, 0, out=self._sums)
+        self._reduce(slots, v.acc, v.vlen, v.per_req)
+        # Asynchronous device-to-host copies: the host reads them later, one step stale at most.
+        self._host_slot_stats.copy_(self.slot_stats, non_blocking=True)
+        self._host_counters.copy_(self._stage, non_blocking=True)
+
+    def _reduce_torch(self, slots: torch.Tensor, acc: torch.Tensor, vlen: torch.Tensor, per_req: torch.Tensor) -> None:
+        """The batch's part of ``update`` (the torch reference of ``stats_kernel.stats_reduce_triton``): the summed
+        columns into the counters, the step counted, the per-slot statistics, the running maxima of accepted and
+        verified drafts, and the staging row the host copy reads."""
+        torch.sum(per_req, 0, out=self._sums)
         self.counters.index_add_(0, self._sum_idx, self._sums)
         self._steps_counter.add_(self._one)
-        self.slot_stats.index_add_(0, slots, v.slot_cols)
+        v = self._views(acc.shape[0])
+        cols = v.slot_cols if per_req is v.per_req else per_req[:, : len(SLOT_STAT_NAMES)]
+        self.slot_stats.index_add_(0, slots, cols)
         torch.amax(acc, 0, keepdim=True, out=self._step_max)
         torch.maximum(self.max_accepted, self._step_max, out=self.max_accepted)
         torch.amax(vlen, 0, keepdim=True, out=self._step_max)
         torch.maximum(self.max_verified, self._step_max, out=self.max_verified)
-        # Asynchronous device-to-host copies: the host reads them later, one step stale at most.
-        self._host_slot_stats.copy_(self.slot_stats, non_blocking=True)
         for part, src in self._stage_parts:
             part.copy_(src)
-        self._host_counters.copy_(self._stage, non_blocking=True)
 
     def _elems_torch(self, accept_lens: torch.Tensor, verify_len: torch.Tensor, choice: torch.Tensor,
                      acc: torch.Tensor, vlen: torch.Tensor, per_req: torch.Tensor, tried_f: torch.Tensor,

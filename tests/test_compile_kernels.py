@@ -16,7 +16,7 @@ LAUNCHES = ("history write_prompt", "history append", "history reset", "n-gram l
             "corpus insert claim", "corpus insert resolve", "corpus insert count", "calibration apply",
             "deferred scoring (bins)", "deferred scoring", "online apply (bins)", "online apply",
             "online update (bins)", "online update", "agreement apply", "agreement share", "agreement update",
-            "step counters", "corpus table price",
+            "step counters", "step counters (batch)", "corpus table price",
             "choose rows (lengths)", "choose rows (estimates)", "chain counters", "selection (budget)", "selection (SPS price)")
 
 

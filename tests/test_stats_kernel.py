@@ -90,3 +90,38 @@ def test_step_stats_with_the_kernel_follow_the_torch_path(kernel_device):
         assert torch.equal(getattr(sts[0], name), getattr(sts[1], name)), name
     assert int(sts[0].counters.sum()) > 0
     assert not torch.equal(sts[0].model_cond, torch.full((GAMMA,), 0.6, device=dev))  # the refit moved
+
+
+@pytest.mark.parametrize("bs", [1, 6, 127, 128, 129, 300])
+def test_reduce_kernel_equals_the_torch_ops_and_the_oracle(kernel_device, bs):
+    """``stats_reduce_triton`` against ``StepStats._reduce_torch`` bit for bit over 6 steps (one and several loop
+    blocks; repeated slots, whose per-slot rows add up), and both against plain Python."""
+    dev = kernel_device
+    gen = torch.Generator().manual_seed(100 + bs)
+    from sglang_hybrid.stats import _SUMMED, C_STEPS, SLOT_STAT_NAMES
+    from sglang_hybrid.stats_kernel import stats_reduce_triton
+
+    sts = [_stats(dev, bs, b) for b in ("torch", "triton")]
+    want_c, want_slot, want_ma, want_mv = [0] * 8, [[0] * 4 for _ in range(bs + 3)], 0, 0
+    for step in range(6):
+        acc = torch.randint(0, 30, (bs,), generator=gen, dtype=torch.int64)
+        vlen = torch.randint(0, 40, (bs,), generator=gen, dtype=torch.int64)
+        pr = torch.randint(0, 50, (bs, 7), generator=gen, dtype=torch.int64)
+        slots = torch.randint(0, bs + 3, (bs,), generator=gen, dtype=torch.int64 if step % 2 else torch.int32)
+        for s, fn in zip(sts, (sts[0]._reduce_torch, lambda *a: stats_reduce_triton(sts[1], *a))):
+            s.price.fill_(0.25 * step)
+            fn(*(t.to(dev) for t in (slots, acc, vlen, pr)))
+        for name in ("counters", "slot_stats", "max_accepted", "max_verified", "_stage"):
+            assert torch.equal(getattr(sts[0], name), getattr(sts[1], name)), (name, step)
+        col = pr.sum(0).tolist()
+        for j, k in enumerate(_SUMMED):
+            want_c[k] += col[j]
+        want_c[C_STEPS] += 1
+        for b, sl in enumerate(slots.tolist()):
+            for j in range(len(SLOT_STAT_NAMES)):
+                want_slot[sl][j] += int(pr[b, j])
+        want_ma, want_mv = max(want_ma, int(acc.max())), max(want_mv, int(vlen.max()))
+        st = sts[1]
+        assert st.counters.tolist() == want_c and st.slot_stats.tolist() == want_slot
+        assert st.max_accepted.tolist() == [want_ma] and st.max_verified.tolist() == [want_mv]
+        assert st._stage.tolist() == [float(x) for x in want_c] + [0.25 * step, float(want_ma), float(want_mv)]

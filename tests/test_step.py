@@ -189,7 +189,7 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     assert ag is not None and ag.backend == "triton"
     ag._apply_elems, ag._share_elems, ag._update_elems = (tagged(ag._apply_elems), tagged(ag._share_elems),
                                                          tagged(ag._update_elems))
-    s.stats._elems = tagged(s.stats._elems)  # the counters' per-request kernel
+    s.stats._elems, s.stats._reduce = tagged(s.stats._elems), tagged(s.stats._reduce)  # the counters' kernels
     assert s.tail.counters.backend == "triton"
     s.tail.counters._add = tagged(s.tail.counters._add)  # the tail's chain counters
     monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
@@ -227,9 +227,9 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     # 2 x (lookup, calibration, online apply, selection, append, deferred scoring) + 2 x the tail after the model
     # chain (stash, append, lookup, restore, calibration, online apply, online update): verify_window 8 > gamma
     # leaves it 8 - gamma columns; 2 x the model agreement's apply, share and update; 2 x the counters'
-    # per-request kernel; 2 x the tail's chain counters.
+    # per-request and batch kernels; 2 x the tail's chain counters.
     assert s.tail is not None
-    assert sum(e.name == "hybrid_kernel" for e in events) == 36
+    assert sum(e.name == "hybrid_kernel" for e in events) == 38
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

@@ -175,7 +175,7 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
     ag = s.agreement  # the model-agreement kernels
     ag._apply_elems, ag._share_elems, ag._update_elems = (tagged(ag._apply_elems), tagged(ag._share_elems),
                                                          tagged(ag._update_elems))
-    s.stats._elems = tagged(s.stats._elems)  # the counters' per-request kernel
+    s.stats._elems, s.stats._reduce = tagged(s.stats._elems), tagged(s.stats._reduce)  # the counters' kernels
     for tab in (s.corpus_cand.table,) + ((s.ctail.table,) if corpus_tail else ()):  # the fitted table's kernel
         assert tab.backend == "triton"
         tab._price = tagged(tab._price)
@@ -206,11 +206,11 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
     # lookup, corpus lookup, calibration, the n-gram's and the corpus's online apply, selection, append, corpus
     # insert, deferred scoring, the corpus's online update, and the model chain's tail (stash, append, lookup, restore,
     # calibration, online apply and update; with the corpus's tail, its corpus lookup, online apply and update),
-    # the model agreement's apply (both candidates), share and update, the counters' per-request kernel, the
+    # the model agreement's apply (both candidates), share and update, the counters' two kernels, the
     # corpus's fitted table (the candidate's; with the corpus's tail, its own), and the choice between the n-gram
     # and the corpus (with the corpus's tail, between the two tails too), and the chain counters of the corpus
     # candidate and the tail (with the corpus's tail, its own)
-    assert sum(e.name == "hybrid_kernel" for e in events) == 26 + 6 * corpus_tail
+    assert sum(e.name == "hybrid_kernel" for e in events) == 27 + 6 * corpus_tail
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 
