@@ -5,7 +5,8 @@
 ``apply``, ``share`` and ``update`` (``calibration/agreement_kernel.py``), the counters' ``update``
 (``stats_kernel.py``), the corpus's fitted table (``corpus_table.price``, ``calibration/corpus_table_kernel.py``)
 the choice between two chains (``choose``: the corpus candidate's, ``calibration/choose_kernel.py``) and a
-chain's counters (``chain_counters.add``, ``calibration/counters_kernel.py``).
+chain's counters (``chain_counters.add``, ``calibration/counters_kernel.py``) and the tail's after-verify flags
+(``tail.flags``, ``calibration/tail_kernel.py``).
 
 ``apply`` and ``update_from_history`` run as the step runs the n-gram record (``defer`` 8, ``bins`` 8, ``L`` 16
 draft columns): every ring entry and position does real work; ``update`` as the corpus candidate's and the
@@ -39,6 +40,8 @@ from sglang_hybrid.calibration.agreement import ModelAgreement  # noqa: E402
 from sglang_hybrid.calibration.candidates import Q_ONE  # noqa: E402
 from sglang_hybrid.calibration.choose import choose_rows_fn  # noqa: E402
 from sglang_hybrid.calibration.counters import ChainCounters  # noqa: E402
+from sglang_hybrid.calibration.tail import ModelTail  # noqa: E402
+from sglang_hybrid.ngram.config import NgramConfig  # noqa: E402
 from sglang_hybrid.calibration.corpus_table import DEFAULT_CORPUS_TABLE, CorpusTable  # noqa: E402
 from sglang_hybrid.calibration.online import OnlineCalibration  # noqa: E402
 from sglang_hybrid.stats import StepStats  # noqa: E402
@@ -125,6 +128,15 @@ def _setup(bs: int, backend: str, dev: torch.device, L: int, hist: int):
     def counters() -> None:  # a chain's counters after verify (its non-blocking host copy included)
         chain.add(ch_counts)
 
+    mtail = ModelTail(bs, bs, 7, NgramConfig(n_min=2, n_max=8, max_draft=8), dev, online=False, backend=backend)
+    mtail._views(bs).tok_model.copy_(torch.randint(0, 2, (bs, 7), generator=g, dtype=torch.int32).to(dev))
+    t_com = torch.randint(0, 2, (bs, 16), generator=g, dtype=torch.int32).to(dev)
+    t_ch, t_ver = ch_counts.clone(), ch_counts.clone()
+    t_cused = torch.zeros(bs, dtype=torch.bool, device=dev)
+
+    def tail_flags() -> None:  # ModelTail.update's flags (the corpus tail's mask included)
+        mtail._flags(t_com, ch_counts, t_ch, t_ver, True, t_cused)
+
     for _ in range(3):  # fill the rings
         h.append(slots, new, cnt)
         apply()
@@ -136,7 +148,8 @@ def _setup(bs: int, backend: str, dev: torch.device, L: int, hist: int):
         ag_update()
     return {"apply": apply, "update_from_history": record, "update": update, "agreement.apply": ag_apply,
             "agreement.share": ag_share, "agreement.update": ag_update, "stats.update": stats,
-            "corpus_table.price": corpus_price, "choose": choose, "chain_counters.add": counters}
+            "corpus_table.price": corpus_price, "choose": choose, "chain_counters.add": counters,
+            "tail.flags": tail_flags}
 
 
 def _time(fn, dev: torch.device, repeats: int, warmup: int) -> float:
@@ -180,7 +193,7 @@ def main() -> int:
     print("| call | bs | torch | triton | triton, graph | ops torch | ops triton |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in ("apply", "update_from_history", "update", "agreement.apply", "agreement.share", "agreement.update",
-                 "stats.update", "corpus_table.price", "choose", "chain_counters.add"):
+                 "stats.update", "corpus_table.price", "choose", "chain_counters.add", "tail.flags"):
         for bs in (int(x) for x in a.bs.split(",")):
             row = {}
             for backend in ("torch", "triton") if triton_ok else ("torch",):

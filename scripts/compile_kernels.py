@@ -188,6 +188,14 @@ def launch_all(bs: int) -> list[str]:
     chain_counters_add_triton(cc, torch.zeros(bs, dtype=torch.bool), *cc.rows(bs)[1:], _i32(bs))
     labels += ["chain counters"]
 
+    from sglang_hybrid.calibration.tail import ModelTail
+    from sglang_hybrid.calibration.tail_kernel import tail_flags_triton
+    from sglang_hybrid.ngram.config import NgramConfig
+
+    mt = ModelTail(bs, bs, 7, NgramConfig(n_min=2, n_max=8, max_draft=8), "cpu", online=False, backend="torch")
+    tail_flags_triton(mt, _i32(bs, 16), _i32(bs), _i32(bs), _i32(bs), True, torch.zeros(bs, dtype=torch.bool))
+    labels += ["tail flags"]
+
     out = SelectionOutput.empty(bs, D)
     sel = (_i32(bs, gamma), torch.ones((bs, gamma)), _i32(bs, D), torch.ones((bs, D)), _i32(bs))
     select_chains_triton(*sel, torch.tensor([4 * bs], dtype=torch.int32), None, out)

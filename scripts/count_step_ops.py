@@ -33,7 +33,7 @@ COMPONENTS = {"history": ["lookup", "append", "lookup_after", "run_after"], "cal
               "ctail": ["lookup", "price", "update"], "stats": ["update"],
               "agreement": ["apply", "share", "update"]}
 KERNELS = {"history": ["_lookup", "_append", "_stash", "_restore"], "calib_dev": ["_fn"],
-           "corpus": ["_lookup", "_insert"], "corpus_cand": ["_choose"], "tail": ["_choose"]}
+           "corpus": ["_lookup", "_insert"], "corpus_cand": ["_choose"], "tail": ["_choose", "_flags"]}
 
 
 def _tag(obj, name: str, label: str) -> None:

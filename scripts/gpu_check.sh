@@ -242,7 +242,8 @@ fi
 run_section tests_calibration test 120 "$WORK/tests_calibration.txt" "${KERNEL_ENV[@]}" -- \
     "${PYTEST[@]}" tests/test_calibration_apply.py tests/test_calibration_deferred_kernel.py \
     tests/test_calibration_online_kernel.py tests/test_calibration_agreement_kernel.py tests/test_stats_kernel.py \
-    tests/test_corpus_table_kernel.py tests/test_calibration_choose.py tests/test_counters_kernel.py
+    tests/test_corpus_table_kernel.py tests/test_calibration_choose.py tests/test_counters_kernel.py \
+    tests/test_tail_kernel.py
 run_section tests_ngram test 240 "$WORK/tests_ngram.txt" "${KERNEL_ENV[@]}" -- "${PYTEST[@]}" tests/test_ngram_*.py
 
 # The corpus's lookup + insert as CUDA-graph replays, bs 128 first: issue 14's budget (under 30 us together)

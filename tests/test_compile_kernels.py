@@ -17,7 +17,8 @@ LAUNCHES = ("history write_prompt", "history append", "history reset", "n-gram l
             "deferred scoring (bins)", "deferred scoring", "online apply (bins)", "online apply",
             "online update (bins)", "online update", "agreement apply", "agreement share", "agreement update",
             "step counters", "step counters (batch)", "corpus table price",
-            "choose rows (lengths)", "choose rows (estimates)", "chain counters", "selection (budget)", "selection (SPS price)")
+            "choose rows (lengths)", "choose rows (estimates)", "chain counters",
+            "tail flags", "selection (budget)", "selection (SPS price)")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

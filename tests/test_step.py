@@ -192,6 +192,7 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     s.stats._elems, s.stats._reduce = tagged(s.stats._elems), tagged(s.stats._reduce)  # the counters' kernels
     assert s.tail.counters.backend == "triton"
     s.tail.counters._add = tagged(s.tail.counters._add)  # the tail's chain counters
+    s.tail._flags = tagged(s.tail._flags)  # the tail's after-verify flags
     monkeypatch.setattr(step_mod, "select_chains", tagged(step_mod.select_chains))
     slots = torch.tensor([0, 1, 2])
     _prefill(s, slots, [list(range(10, 40)) + list(range(10, 14)), list(range(50, 80)), list(range(90, 99)) * 3])
@@ -227,9 +228,9 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     # 2 x (lookup, calibration, online apply, selection, append, deferred scoring) + 2 x the tail after the model
     # chain (stash, append, lookup, restore, calibration, online apply, online update): verify_window 8 > gamma
     # leaves it 8 - gamma columns; 2 x the model agreement's apply, share and update; 2 x the counters'
-    # per-request and batch kernels; 2 x the tail's chain counters.
+    # per-request and batch kernels; 2 x the tail's flags and chain counters.
     assert s.tail is not None
-    assert sum(e.name == "hybrid_kernel" for e in events) == 38
+    assert sum(e.name == "hybrid_kernel" for e in events) == 40
     outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
     assert outside == [], outside
 

@@ -77,6 +77,13 @@ class ModelTail:
         self._e_cp = torch.zeros(max_bs, dtype=torch.float32, device=dev)
         self._pick = torch.zeros(max_bs, dtype=torch.bool, device=dev)  # True: the corpus's tail
         self._choose = choose_rows_fn(resolve_backend(backend, dev))  # choose.py (a Triton launch on CUDA)
+        self._flags = self._flags_torch
+        if resolve_backend(backend, dev) == "triton":  # update's flags in one launch (tail_kernel.py)
+            from functools import partial
+
+            from .tail_kernel import tail_flags_triton
+
+            self._flags = partial(tail_flags_triton, self)
         self._view_cache: dict[int, SimpleNamespace] = {}
 
     def _views(self, bs: int) -> SimpleNamespace:
@@ -161,28 +168,45 @@ class ModelTail:
         ``committed [bs, K]``: accepted drafts then the bonus token, ``counts [bs]`` of them."""
         bs, k = committed.shape
         g = self.gamma
-        if self.online is not None and k > g:  # else no committed column past the model chain (host-known shape)
-            v = self._views(bs)
+        online = self.online is not None and k > g  # else no committed column past the model chain (host-known)
+        count = choice is not None and verified is not None
+        cused = corpus.counters.rows(bs)[0] if count and corpus is not None else None
+        if online or count:
+            self._flags(committed, counts, choice if count else None, verified if count else None, online, cused)
+        if online:
+            n = self._views(bs).n
+            self.online.update(slots, committed[:, g:], n)
+            if corpus is not None:
+                corpus.update(slots, committed[:, g:], n)
+        if count:
+            self.counters.add(counts)
+            if corpus is not None:  # of those, the steps whose tail was the corpus's (``cused``)
+                corpus.counters.add(counts)
+
+    def _flags_torch(self, committed: torch.Tensor, counts: torch.Tensor, choice: Optional[torch.Tensor],
+                     verified: Optional[torch.Tensor], online: bool, cused: Optional[torch.Tensor]) -> None:
+        """``update``'s flags (the reference of ``tail_kernel.tail_flags_triton`` and the CPU's path). With
+        ``online``: ``eq`` / ``whole``, the requests that committed the whole model chain, and ``n``, the tail
+        tokens they committed (0 elsewhere). With ``choice`` (and ``verified``): ``used`` (this object's counters'
+        mask), the requests that verified the model chain into its tail, and ``cused`` (the corpus tail's mask,
+        when given), those of them whose tail was the corpus's."""
+        bs = committed.shape[0]
+        v = self._views(bs)
+        if online:
             eq, whole, n = v.eq, v.whole, v.n
-            torch.eq(committed[:, :g], v.tok_model, out=eq)
+            torch.eq(committed[:, : self.gamma], v.tok_model, out=eq)
             torch.all(eq, 1, out=whole)
             n.copy_(counts)
             n.sub_(self._gamma)
             torch.where(whole, n, self._zero, out=n)
             n.clamp_(min=0)
-            self.online.update(slots, committed[:, g:], n)
-            if corpus is not None:
-                corpus.update(slots, committed[:, g:], n)
-        if choice is not None and verified is not None:
-            used, is_model = self.counters.rows(bs)[0], self._views(bs).is_model
+        if choice is not None:
+            used, is_model = self.counters.rows(bs)[0], v.is_model
             torch.gt(verified, self._gamma, out=used)
             torch.eq(choice, self._zero, out=is_model)
             used.logical_and_(is_model)
-            self.counters.add(counts)
-            if corpus is not None:  # of those, the steps whose tail was the corpus's
-                cused = corpus.counters.rows(bs)[0]
-                torch.logical_and(used, self._views(bs).pick, out=cused)
-                corpus.counters.add(counts)
+            if cused is not None:
+                torch.logical_and(used, v.pick, out=cused)
 
     def counts(self) -> dict:
         """Host side, never waits: ``tail_chosen`` (request-steps that verified the model chain into its tail)
