@@ -23,7 +23,7 @@ BLOCK_B = 32
 
 @triton.jit
 def _tail_flags_kernel(com_ptr, tm_ptr, counts_ptr, choice_ptr, ver_ptr, pick_ptr, eq_ptr, whole_ptr, n_ptr,
-                       used_ptr, ism_ptr, cused_ptr, bs, s_com, s_tm, s_eq, s_counts, s_choice, s_ver,
+                       used_ptr, ism_ptr, cused_ptr, bs, s_com, c_com, s_tm, s_eq, s_counts, s_choice, s_ver,
                        G: tl.constexpr, GB: tl.constexpr, ONLINE: tl.constexpr, COUNT: tl.constexpr,
                        CORPUS: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -32,7 +32,7 @@ def _tail_flags_kernel(com_ptr, tm_ptr, counts_ptr, choice_ptr, ver_ptr, pick_pt
     if ONLINE:
         cols = tl.arange(0, GB)
         m2 = live[:, None] & (cols[None, :] < G)
-        c = tl.load(com_ptr + r[:, None] * s_com + cols[None, :], mask=m2, other=0)
+        c = tl.load(com_ptr + r[:, None] * s_com + cols[None, :].to(tl.int64) * c_com, mask=m2, other=0)
         t = tl.load(tm_ptr + r[:, None] * s_tm + cols[None, :], mask=m2, other=0)
         e = c == t
         tl.store(eq_ptr + r[:, None] * s_eq + cols[None, :], e, mask=m2)
@@ -59,15 +59,15 @@ def tail_flags_triton(tail, committed: torch.Tensor, counts: torch.Tensor, choic
         return
     v = tail._views(bs)
     count = choice is not None
-    if committed.stride(1) != 1 or v.tok_model.stride(1) != 1:
-        raise ValueError("tail_flags_triton: committed and the model chain need unit column stride")
+    if v.tok_model.stride(1) != 1 or v.eq.stride(1) != 1:  # this object's own buffers: always
+        raise ValueError("tail_flags_triton: the model chain and eq need unit column stride")
     g = tail.gamma
     dummy = v.n  # never read or written where its flag is off
     used = tail.counters.rows(bs)[0]
     _tail_flags_kernel[(triton.cdiv(bs, BLOCK_B),)](
         committed, v.tok_model, counts, choice if count else dummy, verified if count else dummy, v.pick, v.eq,
         v.whole, v.n, used, v.is_model, cused if cused is not None else dummy, bs, committed.stride(0),
-        v.tok_model.stride(0), v.eq.stride(0), counts.stride(0), choice.stride(0) if count else 0,
+        committed.stride(1), v.tok_model.stride(0), v.eq.stride(0), counts.stride(0), choice.stride(0) if count else 0,
         verified.stride(0) if count else 0,
         G=g, GB=triton.next_power_of_2(g), ONLINE=bool(online), COUNT=count, CORPUS=count and cused is not None,
         BLOCK=BLOCK_B,
