@@ -48,7 +48,6 @@ class StepStats:
             from .stats_kernel import stats_elems_triton, stats_reduce_triton
 
             self._elems, self._reduce = stats_elems_triton, partial(stats_reduce_triton, self)
-        self.c_steps = C_STEPS
         self.model_ema = float(model_ema)
         # Per-position conditional acceptance of the model chain, refit from model-chain steps.
         self.model_cond = torch.full((gamma,), model_prior, dtype=torch.float32, **kw)

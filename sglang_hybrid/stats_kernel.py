@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .stats import C_STEPS
+
 __all__ = ["stats_elems_triton", "stats_reduce_triton"]
 
 BLOCK_B = 32
@@ -131,5 +133,5 @@ def stats_reduce_triton(stats, slots: torch.Tensor, acc: torch.Tensor, vlen: tor
         per_req, acc, vlen, slots, stats._sum_idx, stats.counters, stats.slot_stats, stats.max_accepted,
         stats.max_verified, stats.price, stats._stage, bs, stats.slot_stats.shape[0], per_req.stride(0),
         slots.stride(0), stats.slot_stats.stride(0),
-        NSUM=nsum, NSLOT=nslot, NC=nc, C_STEPS=stats.c_steps, BLOCK=min(REDUCE_BLOCK, triton.next_power_of_2(bs)),
+        NSUM=nsum, NSLOT=nslot, NC=nc, C_STEPS=C_STEPS, BLOCK=min(REDUCE_BLOCK, triton.next_power_of_2(bs)),
     )

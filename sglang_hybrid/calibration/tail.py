@@ -76,9 +76,10 @@ class ModelTail:
         self._e_ng = torch.zeros(max_bs, dtype=torch.float32, device=dev)  # the two tails' expected lengths
         self._e_cp = torch.zeros(max_bs, dtype=torch.float32, device=dev)
         self._pick = torch.zeros(max_bs, dtype=torch.bool, device=dev)  # True: the corpus's tail
-        self._choose = choose_rows_fn(resolve_backend(backend, dev))  # choose.py (a Triton launch on CUDA)
+        kb = resolve_backend(backend, dev)
+        self._choose = choose_rows_fn(kb)  # choose.py (a Triton launch on CUDA)
         self._flags = self._flags_torch
-        if resolve_backend(backend, dev) == "triton":  # update's flags in one launch (tail_kernel.py)
+        if kb == "triton":  # update's flags in one launch (tail_kernel.py)
             from functools import partial
 
             from .tail_kernel import tail_flags_triton
