@@ -148,7 +148,7 @@ def test_combined_options_are_checked(tmp_path: Path, capsys) -> None:
     for argv, needle in ((["--cap-by-match", "-1"], "--cap-by-match"), (["--min-survival", "0"], "--min-survival"),
                          (["--combined-n-max", "1"], "--combined-n-max"), (["--corpus-tau", "2"], "tau"),
                          (["--price-share", "1.5"], "--price-share"), (["--price-memory", "0"], "--price-memory"),
-                         (["--price-prior", "-1"], "--price-prior"),
+                         (["--price-prior", "-1"], "--price-prior"), (["--price-power", "0"], "--price-power"),
                          (["--request-strength", "-1"], "--request-strength")):
         assert rd.main(["--workload", str(p), *argv]) == 2, argv
         assert needle in capsys.readouterr().err, argv
@@ -174,6 +174,24 @@ def test_traffic_price_starts_at_the_traffic_rate_and_moves_to_the_request_rate(
     off = rd.TrafficPrice(0.2, 0.0, 4, prior=8.0)
     off.update(10, 10)
     assert off.price() == 0.2
+
+
+def test_traffic_price_power_prices_high_rates_up_and_low_rates_down() -> None:
+    """``share * r ** power``: with power 2 and share 0.51 a copy-heavy request (r = 0.9) pays more than the
+    linear rule's 0.35 * r, a chat-like one (r = 0.25) less, so the floor rules it; power 1 is the linear rule."""
+    def price(power: float, share: float, acc: int, prop: int) -> float:
+        tp = rd.TrafficPrice(0.1, share, 4, prior=0.0, power=power)
+        tp.update(acc, prop)
+        return tp.price()
+
+    assert price(1.0, 0.35, 9, 10) == pytest.approx(0.35 * 0.9)
+    assert price(2.0, 0.51, 9, 10) == pytest.approx(0.51 * 0.81)
+    assert price(2.0, 0.51, 9, 10) > price(1.0, 0.35, 9, 10)
+    assert price(1.0, 0.35, 2, 4) == pytest.approx(0.175)  # r = 0.5: 0.35 * 0.5 against 0.51 * 0.25
+    assert price(2.0, 0.51, 2, 4) == pytest.approx(0.1275)
+    assert price(2.0, 0.51, 1, 4) == 0.1  # r = 0.25: 0.032, under the floor
+    d = rd.CombinedOptions()
+    assert (d.price_power, d.price_share) == (2.0, 0.51)
 
 
 def test_combined_drafts_only_tokens_above_the_traffic_price() -> None:

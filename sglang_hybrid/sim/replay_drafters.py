@@ -20,9 +20,9 @@ Drafters (the project's own code on CPU, torch backends; no SGLang import):
             cell of the traffic, then by the running request's own odds ratio, ``request_strength``, as the
             worker's per-request record) and cut where the survival falls below the
             price of a proposed token: the larger of ``min_survival`` (0.1 = SuffixDecoding's
-            ``min_token_prob``) and ``price_share`` times what a proposed token earns (accepted / proposed: the
-            running request's, starting from the traffic's over its last ``price_memory`` steps,
-            ``TrafficPrice``); the per-request n-gram, which copies a whole continuation after one suffix
+            ``min_token_prob``) and ``price_share`` times the square (``price_power``) of what a proposed token
+            earns (accepted / proposed: the running request's, starting from the traffic's over its last
+            ``price_memory`` steps, ``TrafficPrice``); the per-request n-gram, which copies a whole continuation after one suffix
             match, is also cut at ``cap_by_match`` times its match length (SuffixDecoding's
             ``max_spec_factor``; the corpora's walks re-check their evidence at every drafted token, so
             ``cap_sources="ngram"`` leaves them uncapped).
@@ -96,7 +96,8 @@ class CombinedOptions:
     cap_sources: str = "ngram"  # "ngram" (the per-request n-gram only) or "all"
     corpus_tau: float = STEP_CORPUS_TAU  # the corpora's kernel-side cut, the step's; the calibrated price cuts after it
     corpus_calibration: str = "default"  # the shared corpus's fitted table before the online stage, as the step's
-    price_share: float = 0.35  # the price is at least this share of the accepted / proposed rate (0 = off)
+    price_share: float = 0.51  # the price is at least this share of (accepted / proposed) ** power (0 = off)
+    price_power: float = 2.0  # 1: linear in the rate (the default to session 23, with share 0.35)
     price_memory: int = 8192  # steps the traffic's rate is averaged over (exponential memory)
     price_prior: float = 8.0  # a new request starts from the traffic's rate, weighted as this many proposed tokens
     request_strength: float = 2.0  # the per-request odds-ratio layer's prior strength (0 = off), as the worker's
@@ -114,6 +115,8 @@ class CombinedOptions:
             raise ValueError(f"--corpus-tau must be in (0, 1], got {self.corpus_tau}")
         if not 0.0 <= self.price_share <= 1.0:
             raise ValueError(f"--price-share must be in [0, 1], got {self.price_share}")
+        if not 0.0 < self.price_power <= 8.0:
+            raise ValueError(f"--price-power must be in (0, 8], got {self.price_power}")
         if self.price_memory < 1:
             raise ValueError(f"--price-memory must be >= 1, got {self.price_memory}")
         if self.price_prior < 0:
@@ -123,13 +126,18 @@ class CombinedOptions:
 
 
 class TrafficPrice:
-    """The price of a proposed token: ``max(floor, share * r)``, ``r`` the running request's accepted / proposed
-    tokens, with the traffic's rate (exponentially averaged over its last ``memory`` steps) counted as ``prior``
-    proposed tokens of evidence: ``r = (a_req + prior * A / P) / (p_req + prior)``. A new request starts at the
-    traffic's rate and moves to its own. With nothing proposed yet, the floor."""
+    """The price of a proposed token: ``max(floor, share * r ** power)``, ``r`` the running request's accepted /
+    proposed tokens, with the traffic's rate (exponentially averaged over its last ``memory`` steps) counted as
+    ``prior`` proposed tokens of evidence: ``r = (a_req + prior * A / P) / (p_req + prior)``. A new request
+    starts at the traffic's rate and moves to its own. With nothing proposed yet, the floor.
 
-    def __init__(self, floor: float, share: float, memory: int, prior: float) -> None:
+    ``power`` 2 (the replay's default since session 24) makes the price convex in the rate: a request whose
+    drafts mostly hold (a code edit, r ~ 0.9) pays more per proposed token than the linear rule charged, and
+    one whose drafts mostly fail (chat, r ~ 0.25) less, so the floor rules it."""
+
+    def __init__(self, floor: float, share: float, memory: int, prior: float, power: float = 1.0) -> None:
         self.floor, self.share, self.decay, self.prior = floor, share, 1.0 - 1.0 / memory, prior
+        self.power = power
         self.accepted = self.proposed = 0.0  # the traffic's, decayed
         self.req_accepted = self.req_proposed = 0  # the running request's
 
@@ -139,7 +147,7 @@ class TrafficPrice:
         if self.share <= 0 or den <= 0:
             return self.floor
         r = (self.req_accepted + (w * self.accepted / self.proposed if w else 0.0)) / den
-        return max(self.floor, self.share * r)
+        return max(self.floor, self.share * r ** self.power)
 
     def update(self, accepted: int, proposed: int) -> None:
         self.accepted = self.accepted * self.decay + accepted
@@ -214,7 +222,8 @@ class _Replayer:
                 fitted.check_corpus(corpus_cfg)
             self.ctable = None if fitted is None else fitted.to_device(1, K, "cpu")
         self._cands: tuple = ()
-        self.price = TrafficPrice(opts.min_survival, opts.price_share, opts.price_memory, opts.price_prior)
+        self.price = TrafficPrice(opts.min_survival, opts.price_share, opts.price_memory, opts.price_prior,
+                                  opts.price_power)
 
     def _propose(self) -> tuple[list[int], bool]:
         """(draft tokens, from the corpus?)."""
@@ -362,12 +371,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="combined: longest suffix the per-request n-gram compares (the ngram drafter keeps 8)")
     p.add_argument("--price-share", type=float, default=d.price_share,
                    help="combined: the price is at least this share of the request's accepted / proposed tokens "
-                        "(from the traffic's rate at its start; 0 = the floor --min-survival alone)")
+                        "to the --price-power (from the traffic's rate at its start; 0 = the floor "
+                        "--min-survival alone)")
     p.add_argument("--price-memory", type=int, default=d.price_memory,
                    help="combined: steps the traffic's rate (a new request's starting point) is averaged over")
     p.add_argument("--price-prior", type=float, default=d.price_prior,
                    help="combined: a new request's price starts from the traffic's rate, weighted as this many "
                         "proposed tokens of its own")
+    p.add_argument("--price-power", type=float, default=d.price_power,
+                   help="combined: the price is share * rate ** power (1: linear in the rate, the old rule; "
+                        "2: convex, code edits priced higher and chat lower)")
     p.add_argument("--local-corpus", action=argparse.BooleanOptionalAction, default=d.local,
                    help="combined: a per-request corpus (the request's own prompt and output, by frequency)")
     p.add_argument("--cap-by-match", type=float, default=d.cap_by_match,
@@ -400,6 +413,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                            cap_by_match=args.cap_by_match, cap_sources=args.cap_sources,
                            price_share=args.price_share, price_memory=args.price_memory,
                            price_prior=args.price_prior, request_strength=args.request_strength,
+                           price_power=args.price_power,
                            corpus_calibration=args.corpus_calibration,
                            corpus_tau=CombinedOptions.corpus_tau if args.corpus_tau is None else args.corpus_tau)
     try:
