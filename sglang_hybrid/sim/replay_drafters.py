@@ -22,8 +22,8 @@ Drafters (the project's own code on CPU, torch backends; no SGLang import):
             price of a proposed token: the larger of ``min_survival`` (0.1 = SuffixDecoding's
             ``min_token_prob``) and ``price_share`` times the square (``price_power``) of what a proposed token
             earns (accepted / proposed: the running request's, starting from the traffic's over its last
-            ``price_memory`` steps, ``TrafficPrice``); the per-request n-gram, which copies a whole continuation after one suffix
-            match, is also cut at ``cap_by_match`` times its match length (SuffixDecoding's
+            ``price_memory`` steps, ``TrafficPrice``); the per-request n-gram, which copies a whole continuation
+            after one suffix match, is also cut at ``cap_by_match`` times its match length (SuffixDecoding's
             ``max_spec_factor``; the corpora's walks re-check their evidence at every drafted token, so
             ``cap_sources="ngram"`` leaves them uncapped).
             Per step the candidate with the higher expected accepted length is proposed.
