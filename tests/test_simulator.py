@@ -244,3 +244,42 @@ def test_model_tail_is_checked_token_by_token_and_lengthens_a_strong_model_chain
     assert on["verified_per_step"] > off["verified_per_step"]  # the tail's tokens were verified
     with pytest.raises(ValueError, match="model_tail"):
         simulate(short_code, dataclasses.replace(base, model_tail=-1))
+
+
+def test_mixed_workload_reports_each_kind(short_code, chat):
+    """A workload that mixes kinds is also reported per kind: the per-kind request-steps, tokens and
+    request-seconds add up to the totals, each kind's speed is its tokens over its requests' running time, and
+    the hybrid's per-kind ratio over DSpark says which kind its budget favours. One kind alone: no split."""
+    from sglang_hybrid.sim.table import format_run
+
+    recs = [r for pair in zip(short_code[:4], chat[:4]) for r in pair]
+    opts = SimOptions(batch_size=1, measure="all", policies=("dspark", "hybrid"))
+    # Batch 1: each step runs one request, so a kind's request-seconds are exactly its own steps' times.
+    from sglang_hybrid.sim.runner import load_sps, make_policy, prepare_requests, run_built
+
+    sps = load_sps(opts.sps_table)
+    reqs, vocab, _ = prepare_requests(recs, opts)
+    assert [r.kind for r in reqs] == [r.kind for r in recs]
+    res = run_built(make_policy("hybrid", opts, sps), reqs, vocab, opts, sps)
+    assert set(res.kinds) == {"chat", "code-edit"}
+    assert sum(v[0] for v in res.kinds.values()) == res.request_steps == res.steps
+    assert sum(v[1] for v in res.kinds.values()) == res.output_tokens
+    assert sum(v[2] for v in res.kinds.values()) == pytest.approx(res.step_seconds, rel=1e-12)
+    for k, (rs, t, sec) in res.kinds.items():
+        s = res.kind_summary()[k]
+        assert s["accepted_per_step"] == round(t / rs, 4)
+        assert s["tokens_per_second_per_request"] == round(t / sec, 2)
+
+    out = simulate(recs, dataclasses.replace(opts, batch_size=2))
+    by = {p: out["policies"][p]["by_kind"] for p in ("dspark", "hybrid")}
+    assert set(by["dspark"]) == set(by["hybrid"]) == {"chat", "code-edit"}
+    for k, q in out["ratios_by_kind"].items():
+        assert q["hybrid_over_dspark"] == pytest.approx(
+            by["hybrid"][k]["tokens_per_second_per_request"] / by["dspark"][k]["tokens_per_second_per_request"],
+            abs=1e-3)
+    # Code edits copy their prompt, so the hybrid's n-gram chains speed them up far more than chat.
+    assert out["ratios_by_kind"]["code-edit"]["hybrid_over_dspark"] > out["ratios_by_kind"]["chat"]["hybrid_over_dspark"]
+    assert "chat requests, each one's speed: hybrid/dspark = " in format_run(out)
+
+    single = simulate(chat[:6], dataclasses.replace(opts, batch_size=2))
+    assert "ratios_by_kind" not in single and "by_kind" not in single["policies"]["hybrid"]

@@ -178,7 +178,7 @@ def prepare_requests(records: Sequence[Record], opts: SimOptions, tokenizer=None
             draws[rec.kind] = ModelDraws(models[rec.kind], opts.seed, trace)
         out = o
         conf, acc = draws[rec.kind].for_request(i, rec.id, len(out))
-        reqs.append(Request(i, rec.id, p, out, conf, acc))
+        reqs.append(Request(i, rec.id, p, out, conf, acc, kind=rec.kind))
     coverage: dict = {}
     if trace is not None:
         for d in draws.values():
@@ -262,6 +262,13 @@ def simulate(records: Sequence[Record], opts: SimOptions, *, tokenizer=None, cal
     for other in ("dspark", "ngram"):
         if "hybrid" in results and other in results and results[other].throughput:
             out["ratios"][f"hybrid_over_{other}"] = round(results["hybrid"].throughput / results[other].throughput, 4)
+    if "hybrid" in results and "dspark" in results and len(results["hybrid"].kinds) > 1:
+        # Each kind's per-request speed, hybrid over DSpark: does one kind pay for another's gain in shared batches?
+        h, d = results["hybrid"].kind_summary(), results["dspark"].kind_summary()
+        out["ratios_by_kind"] = {
+            k: {"hybrid_over_dspark": round(h[k]["tokens_per_second_per_request"]
+                                            / d[k]["tokens_per_second_per_request"], 4)}
+            for k in h if d.get(k, {}).get("tokens_per_second_per_request")}
     if ORACLE in results and "dspark" in results and results["dspark"].throughput:
         out["ratios"]["oracle_over_dspark"] = round(results[ORACLE].throughput / results["dspark"].throughput, 4)
     return out

@@ -57,6 +57,18 @@ class PolicyResult:
     ngram_obs: int = 0  # sum over them of the accepted length the draft really had (against the reference)
     accepted_hist: list[int] = field(default_factory=list)  # per request-step tokens produced, if recorded
     chains: dict = field(default_factory=dict)  # hybrid: its chain counters (HybridPolicy.counts), as the worker's
+    # Per request kind: [request-steps, output tokens, request-seconds] (a request-second is one running request
+    # for one second of step time: a kind's requests produce tokens at output tokens / request-seconds each).
+    kinds: dict = field(default_factory=dict)
+
+    def kind_summary(self) -> dict:
+        """Per kind (only when the workload mixes kinds): tokens per request-step, and each request's own speed
+        (tokens per second while it runs, step time shared by the whole batch)."""
+        if len(self.kinds) < 2:
+            return {}
+        return {k: {"accepted_per_step": round(t / max(rs, 1), 4),
+                    "tokens_per_second_per_request": round(t / sec, 2) if sec else 0.0}
+                for k, (rs, t, sec) in sorted(self.kinds.items())}
 
     @property
     def accepted_per_step(self) -> float:
@@ -94,6 +106,7 @@ class PolicyResult:
                                       "actual_accepted_per_draft": round(self.ngram_obs / self.ngram_drafts, 4)}}
                if self.ngram_drafts else {}),
             **({"chains": self.chains} if self.chains else {}),
+            **({"by_kind": self.kind_summary()} if len(self.kinds) > 1 else {}),
         }
 
 
@@ -105,6 +118,7 @@ class Request:
     output: np.ndarray  # int32 reference output ids
     conf: np.ndarray  # [len(output), gamma] float32
     accept_len: np.ndarray  # [len(output)] int64 model-chain acceptance length at each start position
+    kind: str = ""  # the workload record's kind ("chat", "code-edit"): figures are also kept per kind
 
 
 def accepted_len(chain: np.ndarray, ref: np.ndarray, length: np.ndarray) -> np.ndarray:
@@ -170,6 +184,9 @@ def run_policy(
     out_len = np.array([len(r.output) for r in reqs_list], dtype=np.int64)
     prompt_len = np.array([len(r.prompt) for r in reqs_list], dtype=np.int64)
     req_index = np.array([r.index for r in reqs_list], dtype=np.int64)
+    kind_names = sorted({r.kind for r in reqs_list})
+    req_kind = np.array([kind_names.index(r.kind) for r in reqs_list], dtype=np.int64)
+    kind_acc = np.zeros((len(kind_names), 3), dtype=np.float64)  # request-steps, output tokens, request-seconds
     queue = deque(i for i, r in enumerate(reqs_list) if len(r.output) >= 2)
     res.requests = len(queue)
     slot_req = np.full(batch_size, -1, dtype=np.int64)  # position in reqs_list of each slot's request
@@ -229,7 +246,12 @@ def run_policy(
         res.draft_accepted += int(np.minimum(accepted, vl).sum())
         res.ngram_chosen += int(out.ngram_chosen.sum())
         res.verify_seconds += t
-        res.step_seconds += t * (1.0 + (draft_cost_frac if policy.uses_model else 0.0))
+        step_t = t * (1.0 + (draft_cost_frac if policy.uses_model else 0.0))
+        res.step_seconds += step_t
+        kr = req_kind[ri]
+        np.add.at(kind_acc[:, 0], kr, 1.0)
+        np.add.at(kind_acc[:, 1], kr, produced.astype(np.float64))
+        np.add.at(kind_acc[:, 2], kr, step_t)
         if out.ngram_tokens is not None:
             nl = out.ngram_len.numpy().astype(np.int64)
             nt = out.ngram_tokens.numpy().astype(np.int64)
@@ -253,6 +275,7 @@ def run_policy(
         bar.close()
     if hasattr(policy, "counts"):
         res.chains = policy.counts()
+    res.kinds = {k: [int(kind_acc[i, 0]), int(kind_acc[i, 1]), float(kind_acc[i, 2])] for i, k in enumerate(kind_names)}
     return res
 
 

@@ -25,6 +25,9 @@ def format_run(r: dict) -> str:
                      f"vs actual {cal['actual_accepted_per_draft']:.2f} tokens per draft ({cal['drafts']} drafts)")
     if r["ratios"]:
         lines.append("  " + "   ".join(f"{k.replace('_over_', '/')} = {v:.3f}x" for k, v in r["ratios"].items()))
+    for kind, q in r.get("ratios_by_kind", {}).items():
+        lines.append(f"  {kind} requests, each one's speed: " + "   ".join(
+            f"{k.replace('_over_', '/')} = {v:.3f}x" for k, v in q.items()))
     return "\n".join(lines)
 
 
