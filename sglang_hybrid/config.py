@@ -71,6 +71,8 @@ class HybridConfig:
     # this many tokens, capped by the chain width minus gamma (so 0 wherever the window is only gamma); 0 = off
     corpus_tail: bool = True  # with the corpus on and the tail on: the corpus's continuation after the model chain
     # competes with the n-gram tail (calibration/tail.py: CorpusTail; the better of the two per request)
+    fairness: float = 0.0  # each request's survivals times (min rate in the batch / its rate) ** fairness before the
+    # selection (selection/fairness.py): 0 = the batch's tokens per second alone; 1 = proportional fairness
     warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
     step_graphs: str = "off"  # "on": replay propose / record as CUDA graphs, one per call shape (graphs.py; GPU)
 
@@ -110,6 +112,8 @@ class HybridConfig:
             raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
         if not (0 <= self.model_tail <= MAX_DRAFT_LIMIT):
             raise bad("model_tail", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_tail}")
+        if not (0.0 <= self.fairness <= 4.0):
+            raise bad("fairness", f"must be in [0, 4] (0 = off, 1 = proportional fairness), got {self.fairness}")
         if self.step_graphs not in STEP_GRAPHS_MODES:
             raise bad("step_graphs", f"must be one of {STEP_GRAPHS_MODES}, got {self.step_graphs!r}")
         if self.warmup not in WARMUP_MODES:

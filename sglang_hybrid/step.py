@@ -31,6 +31,7 @@ from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
 from .ngram import NgramConfig, TokenHistory
 from .selection import SelectionBuffers, select_chains
+from .selection.fairness import FairWeights
 from .selection.sps2d import DenseSps2D, Sps2DTable
 from .stats import COUNTER_NAMES, SLOT_STAT_NAMES, StepStats  # noqa: F401 (re-exported)
 
@@ -132,6 +133,12 @@ class HybridStep:
                                            online=cfg.online_calibration, strength=cfg.online_strength,
                                            backend=kernel_backend)
         self.sel = SelectionBuffers(max_bs, self.width, self.device)
+        # Fairness between requests (option ``fairness``, selection/fairness.py): each request's survivals are
+        # weighted by its own committed tokens per step before the selection. None (no ops at all) when 0.
+        self.fair = FairWeights(num_slots, max_bs, cfg.fairness, self.device) if cfg.fairness > 0 else None
+        if self.fair is not None:
+            self._fair_model = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
+            self._fair_ngram = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
         self.conf = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.conf_prev = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
         self.sps_dense = sps_dense
@@ -171,6 +178,8 @@ class HybridStep:
         ``tenant [bs]`` int32: each request's tenant id for the corpus (``cfg.corpus == "tenant"``; default 0)."""
         self.history.write_prompt(slots, prompt, prompt_len)
         self.stats.slot_stats.index_fill_(0, slots.to(torch.int64), 0)
+        if self.fair is not None:
+            self.fair.reset(slots)
         if self.online is not None:
             self.online.reset(slots)
         if self.tail is not None:
@@ -256,6 +265,10 @@ class HybridStep:
                                                             corpus=self.ctail,
                                                             tenant=ten if self.ctail is not None else None)
             out = self.sel.view(bs)
+            if self.fair is not None:  # both chains of a request alike: only its share of the budget moves
+                fw = self.fair.weights(slots).view(-1, 1)
+                model_surv = torch.mul(model_surv, fw, out=self._fair_model[:bs, : model_surv.shape[1]])
+                ngram_surv = torch.mul(ngram_surv, fw, out=self._fair_ngram[:bs, : ngram_surv.shape[1]])
             select_chains(
                 mt, model_surv, ngram_tokens, ngram_surv, ngram_len,
                 self._budget(bs), self.sps_dense, out,
@@ -316,6 +329,8 @@ class HybridStep:
             is_ng = self._is_ng[:bs].view(-1, 1)
             torch.eq(proposal.choice.view(-1, 1), self._one_i32, out=is_ng)
             torch.where(is_ng, ng, mc, out=out)
+            if self.fair is not None:  # the weights of this step's propose: the planner shares the budget so too
+                out[:, 0].mul_(self.fair.w[:bs])
             return out
 
     def record(self, slots: torch.Tensor, proposal: Proposal, committed: torch.Tensor,
@@ -343,6 +358,8 @@ class HybridStep:
                 self.corpus.insert(self.history, slots, accept_lens, ten)
                 self.corpus_cand.update(slots, committed, accept_lens, proposal.choice)
             self.stats.update(slots, vlen, proposal.choice, accept_lens)
+            if self.fair is not None:
+                self.fair.update(slots, accept_lens)
         self.note_record()
 
     def note_record(self) -> None:
@@ -360,6 +377,7 @@ class HybridStep:
         m["window_switches"] = self.window_switches
         m["narrow_window_steps"] = self.narrow_steps
         m["price_sps2d"] = int(self.sps2d is not None)
+        m["fairness"] = self.cfg.fairness  # the option's exponent (0 = the batch total alone)
         m.update(self.extra_metrics)
         m["model_tail_tokens"] = 0 if self.tail is None else self.tail.tail
         if self.tail is not None:

@@ -31,6 +31,7 @@ from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
 from ..calibration.tail import make_step_corpus_tail, make_step_tail
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
+from ..selection.fairness import FairWeights
 from ..selection.sps2d import DenseSps2D, Sps2DTable
 from ..selection.sps import SpsTable
 from ..selection.two_branch import select_two_branch
@@ -155,7 +156,7 @@ class HybridPolicy:
                  online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None,
                  two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
                  corpus_calibration="default", model_tail: int = 0, model_agreement: bool = True,
-                 corpus_tail: bool = True) -> None:
+                 corpus_tail: bool = True, fairness: float = 0.0) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -197,9 +198,13 @@ class HybridPolicy:
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py), as HybridStep.
         self.agreement = ModelAgreement(max_bs, max_draft, gamma, "cpu", strength=online_strength) \
             if model_agreement and enable_ngram else None
+        # Fairness weights between requests (selection/fairness.py), as HybridStep builds them.
+        self.fair = FairWeights(max_bs, max_bs, fairness, "cpu") if fairness > 0 else None
         self._history: Optional[TokenHistory] = None
 
     def on_prefill(self, slots: torch.Tensor) -> None:
+        if self.fair is not None:
+            self.fair.reset(slots)
         if self.online is not None:
             self.online.reset(slots)
         if self.tail is not None:
@@ -223,6 +228,8 @@ class HybridPolicy:
         if self.corpus is not None:  # every request's committed tokens, after the history append (as HybridStep)
             self.corpus.insert(self._history, inp.slots, counts)
             self.corpus_cand.update(inp.slots, committed, counts)
+        if self.fair is not None:
+            self.fair.update(inp.slots, counts)
 
     def counts(self) -> dict:
         """The worker's chain counters (``HybridStep.metrics``): request-steps that verified into the n-gram tail
@@ -266,15 +273,20 @@ class HybridPolicy:
             mtok, model_surv = self.tail.draft_and_extend(history, inp.slots, self.calib, mtok, model_surv,
                                                           corpus=self.ctail)
         out = self.sel.view(bs)
+        if self.fair is not None:  # as HybridStep.propose: both chains of a request weighted alike
+            fw = self.fair.weights(inp.slots).view(-1, 1)
+            sel_m, sel_n = model_surv * fw, surv * fw  # the selection's inputs; the figures keep the estimates
+        else:
+            sel_m, sel_n = model_surv, surv
         if self.fixed_window is None:
-            select_chains(mtok, model_surv, ntok, surv, nlen, None, self.sps, out,
+            select_chains(mtok, sel_m, ntok, sel_n, nlen, None, self.sps, out,
                           num_iters=self.num_iters, max_verify_len=self.max_verify_len)
         else:
             self._budget.fill_(bs * self.fixed_window)
-            select_chains(mtok, model_surv, ntok, surv, nlen, self._budget, None, out,
+            select_chains(mtok, sel_m, ntok, sel_n, nlen, self._budget, None, out,
                           num_iters=self.num_iters, max_verify_len=self.max_verify_len)
         if self.two_branch:
-            tb = select_two_branch(mtok, model_surv, ntok, surv, nlen, out.choice, out.verify_len,
+            tb = select_two_branch(mtok, sel_m, ntok, sel_n, nlen, out.choice, out.verify_len,
                                    self.sps, max_verify_len=self.max_verify_len)
             batch = bs + int((tb.model_len + tb.ngram_len).sum())
             return StepOutput(mtok, tb.model_len, batch, tb.ngram_len > 0, ntok, nlen, surv,

@@ -57,6 +57,7 @@ class SimOptions:
     model_agreement: bool = HybridConfig.model_agreement  # hybrid: n-gram tokens re-priced beside the model chain
     two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
     corpus_tail: bool = HybridConfig.corpus_tail  # hybrid, corpus and tail on: the corpus's tail (calibration/tail.py)
+    fairness: float = HybridConfig.fairness  # hybrid: fairness weights before the selection (selection/fairness.py)
     model_tail: int = HybridConfig.model_tail  # hybrid: n-gram tail after the model chain (calibration/tail.py),
     # at most this many tokens, capped by the chain width minus gamma; 0 = off
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
@@ -83,6 +84,8 @@ class SimOptions:
                 raise ValueError(f"oracle: choose from {ORACLE_MODES}, got {self.oracle!r}")
         if self.gamma < 1:
             raise ValueError(f"gamma: must be >= 1, got {self.gamma}")
+        if not 0.0 <= self.fairness <= 4.0:
+            raise ValueError(f"fairness: must be in [0, 4] (0 = off), got {self.fairness}")
         if self.max_requests < 0:
             raise ValueError(f"max_requests: must be >= 0, got {self.max_requests}")
         if self.cost not in ("sps", "roofline-2d"):
@@ -217,7 +220,7 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None, hy
                    online_defer=opts.online_defer, online_bins=opts.online_bins, sps2d=sps2d,
                    two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries,
                    corpus_calibration=opts.corpus_calibration, model_tail=opts.model_tail,
-                   model_agreement=opts.model_agreement, corpus_tail=opts.corpus_tail)
+                   model_agreement=opts.model_agreement, corpus_tail=opts.corpus_tail, fairness=opts.fairness)
     if name == ORACLE and opts.oracle:
         from .oracle import OraclePolicy
 

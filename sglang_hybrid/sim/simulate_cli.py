@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid, with --corpus shared and the tail on: the corpus's continuation after the model "
                         "chain competes with the n-gram tail (the better of the two per request; default on, as "
                         "the plugin's corpus_tail)")
+    n.add_argument("--fairness", type=float, default=HybridConfig.fairness,
+                   help="hybrid: weight each request's survivals by (the batch's lowest committed tokens per step / "
+                        "its own) ** FAIRNESS before the selection (selection/fairness.py; the plugin's fairness): "
+                        "0 = the batch total alone, 1 = proportional fairness")
     n.add_argument("--no-model-agreement", dest="model_agreement", action="store_false",
                    help="hybrid: price the n-gram tokens without the model chain beside them (calibration/"
                         "agreement.py; default on, as the plugin's model_agreement)")
@@ -145,7 +149,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         max_draft=args.max_draft, num_iters=args.num_iters, enable_ngram=not args.no_ngram,
         hybrid_verify=args.hybrid_verify, two_branch=args.two_branch, corpus=args.corpus,
         corpus_entries=args.corpus_entries, corpus_calibration=args.corpus_calibration, model_tail=args.model_tail,
-        model_agreement=args.model_agreement, corpus_tail=args.corpus_tail,
+        model_agreement=args.model_agreement, corpus_tail=args.corpus_tail, fairness=args.fairness,
         online_calibration=HybridConfig.online_calibration if args.online_calibration is None
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,

@@ -209,7 +209,8 @@ _register_dspark("hybrid_dspark_compact_no_ngram", "HYBRID_SPARK", "compact",
 # widens the window to 8 (n-gram chains of up to 7 tokens against the 3-token model block).
 _register_dspark("hybrid_dspark_static", "HYBRID_SPARK", "static", env=(_GUARD,),
                  kwargs=(("chunked_prefill_size", 16),))
-_register_dspark("hybrid_dspark_cap", "HYBRID_SPARK", "cap-accept", env=(_GUARD,))
+# cap-accept also runs the fairness weights (selection/fairness.py), which reach DSpark's planner confidences.
+_register_dspark("hybrid_dspark_cap", "HYBRID_SPARK", "cap-accept", env=(_GUARD, ("SGLANG_HYBRID_FAIRNESS", "1")))
 # compact also runs the cross-request corpus (shared, a 64Ki-entry table) and the 2-D SPS price (the roofline
 # model, rewritten each step for the batch's context): the lossless suite covers both there.
 _register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact",
