@@ -309,7 +309,9 @@ class HybridStep:
         drafter off the planner sees exactly what it would without Hybrid Spark; a request on the n-gram chain
         gets its calibrated per-token acceptance ``q_j`` up to the chain's length, 0 past it. Writes ``out
         [bs, G]`` (a preallocated buffer) and returns it. The planner's budget and top-K allocation then run
-        unchanged over the chosen chains.
+        unchanged over the chosen chains. With ``fairness`` on, column 0 is multiplied by each request's weight
+        from this step's ``propose`` (``selection/fairness.py``), so the planner shares its budget as the selection
+        did.
         """
         bs, g = model_confidence.shape
         w = min(g, self.ngram_cfg.max_draft)
