@@ -26,6 +26,7 @@ DRAFT_KINDS = ("auto", "eagle", "eagle3", "standalone", "dspark")
 CORPUS_MODES = ("off", "shared", "tenant")  # isolation of the cross-request corpus
 WARMUP_MODES = ("auto", "on", "off")  # start-up warm-up of the decode step (warmup.py): auto = on a GPU only
 STEP_GRAPHS_MODES = ("off", "on")  # CUDA-graph replay of the decode step (graphs.py)
+FAIRNESS_MAX = 4.0  # largest exponent of the fairness weights (selection/fairness.py)
 
 
 class HybridConfigError(ValueError):
@@ -112,8 +113,9 @@ class HybridConfig:
             raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
         if not (0 <= self.model_tail <= MAX_DRAFT_LIMIT):
             raise bad("model_tail", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_tail}")
-        if not (0.0 <= self.fairness <= 4.0):
-            raise bad("fairness", f"must be in [0, 4] (0 = off, 1 = proportional fairness), got {self.fairness}")
+        if not (0.0 <= self.fairness <= FAIRNESS_MAX):
+            raise bad("fairness", f"must be in [0, {FAIRNESS_MAX:g}] (0 = off, 1 = proportional fairness), "
+                                  f"got {self.fairness}")
         if self.step_graphs not in STEP_GRAPHS_MODES:
             raise bad("step_graphs", f"must be one of {STEP_GRAPHS_MODES}, got {self.step_graphs!r}")
         if self.warmup not in WARMUP_MODES:

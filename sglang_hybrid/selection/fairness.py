@@ -65,7 +65,6 @@ class FairWeights:
         self._den = torch.zeros(1, **f32)
         self._zero = torch.zeros(1, **f32)
         self._kf = torch.zeros(max_bs, **f32)
-        self._any = torch.zeros(1, dtype=torch.bool, device=device)
 
     def reset(self, slots: torch.Tensor) -> None:
         """A new request in ``slots`` (at prefill)."""
@@ -96,12 +95,11 @@ class FairWeights:
         torch.sum(x, 0, keepdim=True, out=self._fill)
         torch.clamp(self._n, min=1.0, out=self._den)
         self._fill.div_(self._den)
-        # Unknown requests take the others' mean; with none known every x is 0 here and reads as 1 below.
+        # Unknown requests take the others' mean. With none known every x is 0 here, so after the clamp all are
+        # equal and every weight is exactly 1.
         torch.where(known, x, self._fill, out=x)
         x.clamp_(min=1e-6)
         torch.amin(x, 0, keepdim=True, out=self._m)
         torch.div(self._m, x, out=w)
         w.pow_(self.alpha)
-        torch.gt(self._n, self._zero, out=self._any)
-        torch.where(self._any, w, self._one, out=w)
         return w

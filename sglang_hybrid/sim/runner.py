@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..config import HybridConfig
+from ..config import FAIRNESS_MAX, HybridConfig
 from ..selection.sps import SpsTable, load_default_sps_table, load_sps_table, roofline_sps_table
 from ..selection.sps2d import load_sps2d_table, roofline_sps2d_table
 from .cost import make_cost
@@ -84,8 +84,8 @@ class SimOptions:
                 raise ValueError(f"oracle: choose from {ORACLE_MODES}, got {self.oracle!r}")
         if self.gamma < 1:
             raise ValueError(f"gamma: must be >= 1, got {self.gamma}")
-        if not 0.0 <= self.fairness <= 4.0:
-            raise ValueError(f"fairness: must be in [0, 4] (0 = off), got {self.fairness}")
+        if not 0.0 <= self.fairness <= FAIRNESS_MAX:
+            raise ValueError(f"fairness: must be in [0, {FAIRNESS_MAX:g}] (0 = off), got {self.fairness}")
         if self.max_requests < 0:
             raise ValueError(f"max_requests: must be >= 0, got {self.max_requests}")
         if self.cost not in ("sps", "roofline-2d"):
