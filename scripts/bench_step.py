@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sglang_hybrid.config import HybridConfig  # noqa: E402
 from sglang_hybrid.graphs import cuda_capture  # noqa: E402
+from sglang_hybrid.selection import dense_sps, roofline_sps_table  # noqa: E402
 from sglang_hybrid.step import HybridStep  # noqa: E402
 
 
@@ -48,13 +49,16 @@ class Bench:
     """One ``HybridStep`` with static input buffers, so a step is the same Python for eager and capture."""
 
     def __init__(self, args, bs: int, corpus: str, device: torch.device, backend: str = "") -> None:
-        cfg = HybridConfig(corpus=corpus, corpus_entries=args.corpus_entries)
+        fairness = getattr(args, "fairness", 0.0)
+        cfg = HybridConfig(corpus=corpus, corpus_entries=args.corpus_entries, fairness=fairness)
         backend = backend or ("torch" if device.type == "cpu" else "auto")
         # The slot count is fixed, as in a server (the largest batch benchmarked): kernels that take it then
         # compile once, not once per row.
         slots = max(bs, getattr(args, "num_slots", 0))
+        # fairness needs DSpark's SPS budget: the shipped roofline table (the selection then runs in SPS mode).
+        sps = dense_sps(roofline_sps_table(), slots * (2 + args.gamma + args.window)) if fairness > 0 else None
         self.step = HybridStep(cfg, num_slots=slots, width=args.hist, gamma=args.gamma, max_bs=slots,
-                               device=device, verify_window=args.window, kernel_backend=backend)
+                               device=device, verify_window=args.window, kernel_backend=backend, sps_dense=sps)
         g = torch.Generator().manual_seed(1234 + bs)
         self.slots = torch.arange(bs, dtype=torch.int32, device=device)
         prompt = torch.randint(0, args.vocab, (bs, args.prompt), generator=g, dtype=torch.int32)
@@ -96,6 +100,9 @@ class Bench:
         s = self.step
         d = {"history.tokens": s.history.tokens, "history.lens": s.history.lens,
              "stats.counters": s.stats.counters, "stats.model_cond": s.stats.model_cond}
+        if s.fair is not None:
+            for name in ("hyb_tokens", "hyb_seconds", "ds_tokens", "ds_seconds", "steps", "w"):
+                d[f"fair.{name}"] = getattr(s.fair, name)
         if s.corpus is not None:
             for name, t in vars(s.corpus).items():
                 if isinstance(t, torch.Tensor):
@@ -175,6 +182,8 @@ def main() -> int:
     p.add_argument("--gamma", type=int, default=7, help="model chain tokens (DSpark block)")
     p.add_argument("--window", type=int, default=16, help="verify window, draft tokens")
     p.add_argument("--corpus-entries", type=int, default=1 << 21)
+    p.add_argument("--fairness", type=float, default=0.0,
+                   help="the option fairness (0 = off); > 0 runs the step with the shipped roofline SPS table")
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--check-steps", type=int, default=20)
@@ -184,7 +193,7 @@ def main() -> int:
                           ("cpu" if args.device == "auto" else args.device))
     gpu = device.type == "cuda"
     print(f"HybridStep propose + record, gamma {args.gamma}, window {args.window}, history {args.hist}, "
-          f"prompt {args.prompt}, vocab {args.vocab}, device {device}"
+          f"prompt {args.prompt}, vocab {args.vocab}, fairness {args.fairness:g}, device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if gpu else "") + "; median us per step\n")
     print("| bs | corpus | eager us | graph us | graph == eager |")
     print("|---:|---|---:|---:|---|")

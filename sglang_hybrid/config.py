@@ -72,8 +72,9 @@ class HybridConfig:
     # this many tokens, capped by the chain width minus gamma (so 0 wherever the window is only gamma); 0 = off
     corpus_tail: bool = True  # with the corpus on and the tail on: the corpus's continuation after the model chain
     # competes with the n-gram tail (calibration/tail.py: CorpusTail; the better of the two per request)
-    fairness: float = 0.0  # each request's survivals times (min rate in the batch / its rate) ** fairness before the
-    # selection (selection/fairness.py): 0 = the batch's tokens per second alone; 1 = proportional fairness
+    fairness: float = 0.0  # each request's survivals times (the batch's lowest speed relative to DSpark's plan for
+    # it / its own) ** fairness before the selection (selection/fairness.py): 0 = the batch's tokens per second
+    # alone; 2 keeps chat beside code edits near DSpark's speed; needs DSpark's ragged verify (an SPS budget)
     warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
     step_graphs: str = "off"  # "on": replay propose / record as CUDA graphs, one per call shape (graphs.py; GPU)
 
@@ -114,7 +115,7 @@ class HybridConfig:
         if not (0 <= self.model_tail <= MAX_DRAFT_LIMIT):
             raise bad("model_tail", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_tail}")
         if not (0.0 <= self.fairness <= FAIRNESS_MAX):
-            raise bad("fairness", f"must be in [0, {FAIRNESS_MAX:g}] (0 = off, 1 = proportional fairness), "
+            raise bad("fairness", f"must be in [0, {FAIRNESS_MAX:g}] (0 = off; the exponent of the weights), "
                                   f"got {self.fairness}")
         if self.step_graphs not in STEP_GRAPHS_MODES:
             raise bad("step_graphs", f"must be one of {STEP_GRAPHS_MODES}, got {self.step_graphs!r}")

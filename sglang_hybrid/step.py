@@ -134,8 +134,14 @@ class HybridStep:
                                            backend=kernel_backend)
         self.sel = SelectionBuffers(max_bs, self.width, self.device)
         # Fairness between requests (option ``fairness``, selection/fairness.py): each request's survivals are
-        # weighted by its own committed tokens per step before the selection. None (no ops at all) when 0.
-        self.fair = FairWeights(num_slots, max_bs, cfg.fairness, self.device) if cfg.fairness > 0 else None
+        # weighted by its speed relative to DSpark's plan for it before the selection. None (no ops at all) when 0,
+        # and without an SPS table (a fixed verify window has no budget for the weights to move).
+        self.fair = FairWeights(num_slots, max_bs, gamma, self.width, cfg.fairness, sps_dense, self.device,
+                                backend=kernel_backend) \
+            if cfg.fairness > 0 and sps_dense is not None else None
+        if cfg.fairness > 0 and sps_dense is None:
+            logger.warning("HYBRID_SPARK: fairness=%g has no effect with a fixed verify window (no SPS budget to "
+                           "share); it applies on DSpark's ragged verify", cfg.fairness)
         if self.fair is not None:
             self._fair_model = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
             self._fair_ngram = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
@@ -255,6 +261,8 @@ class HybridStep:
                 model_surv.zero_()
             if not self.cfg.enable_ngram:
                 ngram_len = self._no_ngram[:bs]
+            if self.fair is not None:  # DSpark's plan for these model chains alone: the fairness yardstick
+                self.fair.plan(model_surv)
             if self.agreement is not None:  # the tokens both chains share: one price, learnt from the traffic
                 self.agreement.share(ngram_tokens, ngram_len, ngram_surv, model_tokens, mcond, model_surv)
             self._ngram_len[:bs].copy_(ngram_len)
@@ -360,8 +368,8 @@ class HybridStep:
                 self.corpus.insert(self.history, slots, accept_lens, ten)
                 self.corpus_cand.update(slots, committed, accept_lens, proposal.choice)
             self.stats.update(slots, vlen, proposal.choice, accept_lens)
-            if self.fair is not None:
-                self.fair.update(slots, accept_lens)
+            if self.fair is not None:  # the chain each request verified, as the selection saw it
+                self.fair.update(slots, proposal.survival, vlen)
         self.note_record()
 
     def note_record(self) -> None:
@@ -379,7 +387,7 @@ class HybridStep:
         m["window_switches"] = self.window_switches
         m["narrow_window_steps"] = self.narrow_steps
         m["price_sps2d"] = int(self.sps2d is not None)
-        m["fairness"] = self.cfg.fairness  # the option's exponent (0 = the batch total alone)
+        m["fairness"] = self.cfg.fairness if self.fair is not None else 0.0  # the exponent in use (0 = the batch total)
         m.update(self.extra_metrics)
         m["model_tail_tokens"] = 0 if self.tail is None else self.tail.tail
         if self.tail is not None:

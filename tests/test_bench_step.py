@@ -47,6 +47,7 @@ def test_check_passes_an_exact_replay_and_reports_a_wrong_one(monkeypatch) -> No
     monkeypatch.setattr(mod, "_capture", lambda b: types.SimpleNamespace(replay=b.run))
     for corpus in ("off", "shared"):
         assert mod._check(_args(), 3, corpus, cpu) == "exact"
+    assert mod._check(_args(fairness=2.0), 3, "off", cpu) == "exact"  # the weights' records are compared too
 
     # a replay that proposes but never records: the histories drift apart, the check names what differs
     def propose_only(b):

@@ -199,7 +199,9 @@ class HybridPolicy:
         self.agreement = ModelAgreement(max_bs, max_draft, gamma, "cpu", strength=online_strength) \
             if model_agreement and enable_ngram else None
         # Fairness weights between requests (selection/fairness.py), as HybridStep builds them.
-        self.fair = FairWeights(max_bs, max_bs, fairness, "cpu") if fairness > 0 else None
+        # A fixed window never binds a budget, so there is nothing for the weights to move.
+        self.fair = FairWeights(max_bs, max_bs, gamma, width, fairness, self.sps, "cpu") \
+            if fairness > 0 and fixed_window is None else None
         self._history: Optional[TokenHistory] = None
 
     def on_prefill(self, slots: torch.Tensor) -> None:
@@ -228,8 +230,8 @@ class HybridPolicy:
         if self.corpus is not None:  # every request's committed tokens, after the history append (as HybridStep)
             self.corpus.insert(self._history, inp.slots, counts)
             self.corpus_cand.update(inp.slots, committed, counts)
-        if self.fair is not None:
-            self.fair.update(inp.slots, counts)
+        if self.fair is not None:  # the chain each request verified, as the selection saw it
+            self.fair.update(inp.slots, self.sel.view(inp.slots.shape[0]).survival, out.verify_len)
 
     def counts(self) -> dict:
         """The worker's chain counters (``HybridStep.metrics``): request-steps that verified into the n-gram tail
@@ -266,6 +268,8 @@ class HybridPolicy:
             ntok, nlen = self.corpus_cand.choose(d.tokens, surv, d.length, cd, csurv)
         nlen = nlen if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)
+        if self.fair is not None:  # DSpark's plan for these model chains alone: the fairness yardstick
+            self.fair.plan(model_surv)
         mtok = inp.model_tokens
         if self.agreement is not None:  # the tokens both chains share: one price, learnt from the traffic
             self.agreement.share(ntok, nlen, surv, mtok, inp.conf, model_surv)

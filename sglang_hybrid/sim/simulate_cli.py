@@ -87,9 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "chain competes with the n-gram tail (the better of the two per request; default on, as "
                         "the plugin's corpus_tail)")
     n.add_argument("--fairness", type=float, default=HybridConfig.fairness,
-                   help="hybrid: weight each request's survivals by (the batch's lowest committed tokens per step / "
-                        "its own) ** FAIRNESS before the selection (selection/fairness.py; the plugin's fairness): "
-                        "0 = the batch total alone, 1 = proportional fairness")
+                   help="hybrid: weight each request's survivals by (the batch's lowest speed relative to DSpark's "
+                        "plan for the same request / its own) ** FAIRNESS before the selection (selection/"
+                        "fairness.py; the plugin's fairness): 0 = the batch total alone; ragged verify only")
     n.add_argument("--no-model-agreement", dest="model_agreement", action="store_false",
                    help="hybrid: price the n-gram tokens without the model chain beside them (calibration/"
                         "agreement.py; default on, as the plugin's model_agreement)")
