@@ -23,6 +23,9 @@
 #   bench_step      scripts/bench_step.py: the whole decode step (propose + record, DSpark shape, corpus off and
 #                   shared) at bs {1,4,32,128}, eager and as a CUDA-graph replay; also a test: the graph's
 #                   proposals and final state must equal the eager step's bit for bit
+#   bench_step_fair scripts/bench_step.py --fairness 2 --corpus off at bs {32,128}: the step with the fairness
+#                   weights (a second selection per step, on the model chains alone), eager and as a CUDA-graph
+#                   replay, and the same graph == eager test
 #   bench_online    scripts/bench_online.py: the online calibration's apply and deferred scoring, torch against
 #                   their Triton kernels, eager and as a CUDA-graph replay, bs {1,4,32,128}
 #   bench_ngram     scripts/bench_ngram.py on CUDA, bs {1,4,32,128} x history {1k,8k,32k,128k}, torch and
@@ -105,6 +108,7 @@ CORPUS_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" --corpus "${CORPUS_GR
                     --cuda-graph --repeats 20 --warmup 3)
 read -r -a STEP_SIZES <<< "${GPU_CHECK_STEP_SIZES:---bs 1,4,32,128}"
 STEP_BENCH=(scripts/bench_step.py --device "$DEV" "${STEP_SIZES[@]}")
+STEP_FAIR_BENCH=(scripts/bench_step.py --device "$DEV" --bs 32,128 --corpus off --fairness 2)
 NGRAM_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" "${NGRAM_SIZES[@]}" --backends triton --cuda-graph
                    --repeats 20 --warmup 3)
 
@@ -257,6 +261,9 @@ run_section tests_step_graphs test 120 "$WORK/tests_step_graphs.txt" "${KERNEL_E
 # The whole decode step (propose + record) eager and as a CUDA-graph replay, and the graph == eager check
 # (a test: a graph that differs from the eager step, or fails to capture, fails the script).
 run_section bench_step test 240 "$WORK/bench_step.md" TRITON_INTERPRET="$INTERP" -- "$PY" "${STEP_BENCH[@]}"
+# The same with the option fairness (selection/fairness.py): its plan is a second selection per step
+run_section bench_step_fair test 90 "$WORK/bench_step_fair.md" TRITON_INTERPRET="$INTERP" -- \
+    "$PY" "${STEP_FAIR_BENCH[@]}"
 # The online calibration's apply and deferred scoring: torch against their Triton kernels, eager and graph
 run_section bench_online bench 60 "$WORK/bench_online.md" TRITON_INTERPRET="$INTERP" -- \
     "$PY" scripts/bench_online.py --device "$DEV" --bs 1,4,32,128
@@ -345,7 +352,7 @@ if [ "$TEST_FAILED" = 0 ]; then VERDICT="PASS"; else VERDICT="FAIL"; fi
             echo '```'
         fi
     done
-    for b in bench_step bench_online bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph bench_selection; do
+    for b in bench_step bench_step_fair bench_online bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph bench_selection; do
         if [ -s "$WORK/$b.md" ]; then echo; echo "## $b"; echo; cat "$WORK/$b.md"; fi
     done
     if [ -s "$WORK/e2e.txt" ]; then echo; echo "## e2e"; echo; echo '```'; tail -n 30 "$WORK/e2e.txt"; echo '```'; fi
