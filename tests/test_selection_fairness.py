@@ -134,7 +134,7 @@ def test_weights_and_update_allocate_nothing_and_plan_never_syncs():
 
     sps = dense_sps(SpsTable((1, 8, 20), (100.0, 60.0, 20.0), 64), 64)
     fw = FairWeights(num_slots=8, max_bs=4, gamma=3, width=5, alpha=0.7, sps=sps, device="cpu")
-    slots = torch.tensor([1, 4, 6])
+    slots = torch.tensor([1, 4, 6], dtype=torch.int32)  # as the step passes them
     surv, chosen = torch.cumprod(torch.rand(3, 3), 1), torch.rand(3, 5)
     vlen = torch.tensor([3, 0, 5], dtype=torch.int32)
 

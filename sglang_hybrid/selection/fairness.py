@@ -209,7 +209,7 @@ class FairWeights:
         """After verify: ``chosen_surv [bs, W]`` the survivals of each request's verified chain as the selection
         saw them (this step's weights applied), ``verify_len [bs]`` its draft tokens verified (<= W)."""
         bs = slots.shape[0]
-        s = slots.to(torch.int64)
+        s = slots  # int32 or int64: index_add_ takes either, so no per-step conversion
         torch.clamp(self.w[:bs], min=1e-30, out=self._wc[:bs])
         self._book(chosen_surv, verify_len, self._h[:bs], self._th, scale=self._wc[:bs])  # the estimates, unweighted
         self.hyb_tokens.index_add_(0, s, self._h[:bs])
