@@ -208,12 +208,11 @@ class FairWeights:
     def update(self, slots: torch.Tensor, chosen_surv: torch.Tensor, verify_len: torch.Tensor) -> None:
         """After verify: ``chosen_surv [bs, W]`` the survivals of each request's verified chain as the selection
         saw them (this step's weights applied), ``verify_len [bs]`` its draft tokens verified (<= W)."""
-        bs = slots.shape[0]
-        s = slots  # int32 or int64: index_add_ takes either, so no per-step conversion
+        bs = slots.shape[0]  # slots int32 or int64 as they come: index_add_ takes either (no per-step conversion)
         torch.clamp(self.w[:bs], min=1e-30, out=self._wc[:bs])
         self._book(chosen_surv, verify_len, self._h[:bs], self._th, scale=self._wc[:bs])  # the estimates, unweighted
-        self.hyb_tokens.index_add_(0, s, self._h[:bs])
-        self.hyb_seconds.index_add_(0, s, self._th.expand(bs))
-        self.ds_tokens.index_add_(0, s, self._ed[:bs])
-        self.ds_seconds.index_add_(0, s, self._td.expand(bs))
-        self.steps.index_add_(0, s, self._one.expand(bs))
+        self.hyb_tokens.index_add_(0, slots, self._h[:bs])
+        self.hyb_seconds.index_add_(0, slots, self._th.expand(bs))
+        self.ds_tokens.index_add_(0, slots, self._ed[:bs])
+        self.ds_seconds.index_add_(0, slots, self._td.expand(bs))
+        self.steps.index_add_(0, slots, self._one.expand(bs))

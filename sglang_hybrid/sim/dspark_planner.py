@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from ..selection.fairness import SURVIVAL_EPS  # DSparkScheduleConfig.survival_eps default, one constant for both
 from ..selection.sps import SpsTable
-
-SURVIVAL_EPS = 1e-6  # DSparkScheduleConfig.survival_eps default
 
 
 class DSparkPlanner:
