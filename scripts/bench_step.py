@@ -50,7 +50,9 @@ class Bench:
 
     def __init__(self, args, bs: int, corpus: str, device: torch.device, backend: str = "") -> None:
         fairness = getattr(args, "fairness", 0.0)
-        cfg = HybridConfig(corpus=corpus, corpus_entries=args.corpus_entries, fairness=fairness)
+        scope = getattr(args, "fairness_scope", "request")
+        cfg = HybridConfig(corpus=corpus, corpus_entries=args.corpus_entries, fairness=fairness,
+                           fairness_scope=scope)
         backend = backend or ("torch" if device.type == "cpu" else "auto")
         # The slot count is fixed, as in a server (the largest batch benchmarked): kernels that take it then
         # compile once, not once per row.
@@ -63,7 +65,8 @@ class Bench:
         self.slots = torch.arange(bs, dtype=torch.int32, device=device)
         prompt = torch.randint(0, args.vocab, (bs, args.prompt), generator=g, dtype=torch.int32)
         plen = torch.full((bs,), args.prompt, dtype=torch.int32)
-        self.step.on_prefill(self.slots, prompt.to(device), plen.to(device), prompt[:, -1].to(device))
+        tenant = (torch.arange(bs, dtype=torch.int32, device=device) % 2) if self.step.tracks_tenant else None
+        self.step.on_prefill(self.slots, prompt.to(device), plen.to(device), prompt[:, -1].to(device), tenant)
         if self.step.corpus is not None:  # the corpus starts with the prompts (as earlier requests' text)
             self.step.corpus.insert_prompt(self.step.history, self.slots, plen.to(device),
                                            max_prompt_len=args.prompt)
@@ -184,6 +187,8 @@ def main() -> int:
     p.add_argument("--corpus-entries", type=int, default=1 << 21)
     p.add_argument("--fairness", type=float, default=0.0,
                    help="the option fairness (0 = off); > 0 runs the step with the shipped roofline SPS table")
+    p.add_argument("--fairness-scope", choices=("request", "tenant"), default="request",
+                   help="the option fairness_scope; 'tenant': the requests alternate between two tenants")
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--check-steps", type=int, default=20)
@@ -193,7 +198,8 @@ def main() -> int:
                           ("cpu" if args.device == "auto" else args.device))
     gpu = device.type == "cuda"
     print(f"HybridStep propose + record, gamma {args.gamma}, window {args.window}, history {args.hist}, "
-          f"prompt {args.prompt}, vocab {args.vocab}, fairness {args.fairness:g}, device {device}"
+          f"prompt {args.prompt}, vocab {args.vocab}, fairness {args.fairness:g} ({args.fairness_scope}), "
+          f"device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if gpu else "") + "; median us per step\n")
     print("| bs | corpus | eager us | graph us | graph == eager |")
     print("|---:|---|---:|---:|---|")

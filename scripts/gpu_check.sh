@@ -23,9 +23,10 @@
 #   bench_step      scripts/bench_step.py: the whole decode step (propose + record, DSpark shape, corpus off and
 #                   shared) at bs {1,4,32,128}, eager and as a CUDA-graph replay; also a test: the graph's
 #                   proposals and final state must equal the eager step's bit for bit
-#   bench_step_fair scripts/bench_step.py --fairness 2 --corpus off at bs {32,128}: the step with the fairness
-#                   weights (a second selection per step, on the model chains alone), eager and as a CUDA-graph
-#                   replay, and the same graph == eager test
+#   bench_step_fair scripts/bench_step.py --fairness 2 --fairness-scope tenant --corpus off at bs {32,128}: the
+#                   step with the fairness weights between two tenants (a second selection per step, on the
+#                   model chains alone, and the tenants' sums), eager and as a CUDA-graph replay, and the same
+#                   graph == eager test
 #   bench_online    scripts/bench_online.py: the online calibration's apply and deferred scoring, torch against
 #                   their Triton kernels, eager and as a CUDA-graph replay, bs {1,4,32,128}
 #   bench_ngram     scripts/bench_ngram.py on CUDA, bs {1,4,32,128} x history {1k,8k,32k,128k}, torch and
@@ -108,7 +109,7 @@ CORPUS_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" --corpus "${CORPUS_GR
                     --cuda-graph --repeats 20 --warmup 3)
 read -r -a STEP_SIZES <<< "${GPU_CHECK_STEP_SIZES:---bs 1,4,32,128}"
 STEP_BENCH=(scripts/bench_step.py --device "$DEV" "${STEP_SIZES[@]}")
-STEP_FAIR_BENCH=(scripts/bench_step.py --device "$DEV" --bs 32,128 --corpus off --fairness 2)
+STEP_FAIR_BENCH=(scripts/bench_step.py --device "$DEV" --bs 32,128 --corpus off --fairness 2 --fairness-scope tenant)
 NGRAM_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" "${NGRAM_SIZES[@]}" --backends triton --cuda-graph
                    --repeats 20 --warmup 3)
 

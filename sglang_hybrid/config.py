@@ -27,6 +27,7 @@ CORPUS_MODES = ("off", "shared", "tenant")  # isolation of the cross-request cor
 WARMUP_MODES = ("auto", "on", "off")  # start-up warm-up of the decode step (warmup.py): auto = on a GPU only
 STEP_GRAPHS_MODES = ("off", "on")  # CUDA-graph replay of the decode step (graphs.py)
 FAIRNESS_MAX = 4.0  # largest exponent of the fairness weights (selection/fairness.py)
+FAIRNESS_SCOPES = ("request", "tenant")  # what the fairness weights even out (selection/fairness.py)
 
 
 class HybridConfigError(ValueError):
@@ -75,6 +76,8 @@ class HybridConfig:
     fairness: float = 0.0  # each request's survivals times (the batch's lowest speed relative to DSpark's plan for
     # it / its own) ** fairness before the selection (selection/fairness.py): 0 = the batch's tokens per second
     # alone; 2 keeps chat beside code edits near DSpark's speed; needs DSpark's ragged verify (an SPS budget)
+    fairness_scope: str = "request"  # what the weights even out: "request" (every request in the batch) or
+    # "tenant" (each tenant's requests together; the tenant is the corpus's: extra_key / cache_salt; README)
     warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
     step_graphs: str = "off"  # "on": replay propose / record as CUDA graphs, one per call shape (graphs.py; GPU)
 
@@ -117,6 +120,8 @@ class HybridConfig:
         if not (0.0 <= self.fairness <= FAIRNESS_MAX):
             raise bad("fairness", f"must be in [0, {FAIRNESS_MAX:g}] (0 = off; the exponent of the weights), "
                                   f"got {self.fairness}")
+        if self.fairness_scope not in FAIRNESS_SCOPES:
+            raise bad("fairness_scope", f"must be one of {FAIRNESS_SCOPES}, got {self.fairness_scope!r}")
         if self.step_graphs not in STEP_GRAPHS_MODES:
             raise bad("step_graphs", f"must be one of {STEP_GRAPHS_MODES}, got {self.step_graphs!r}")
         if self.warmup not in WARMUP_MODES:

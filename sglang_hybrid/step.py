@@ -104,7 +104,7 @@ class HybridStep:
         self._hist_start = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         # The cross-request corpus (cfg.corpus != "off"): a second n-gram candidate per request, priced by its
         # own calibration; the better of the two goes to the selection. ``slot_tenant``: each slot's tenant id
-        # (written at prefill; all 0 unless cfg.corpus == "tenant").
+        # (written at prefill where ``tracks_tenant``; a "shared" corpus reads every id as 0).
         self.corpus, self.corpus_cand = make_step_corpus(
             cfg.corpus, cfg.corpus_entries, num_slots=num_slots, max_bs=max_bs, width=L, device=self.device,
             backend=kernel_backend, online=cfg.online_calibration, strength=cfg.online_strength,
@@ -137,8 +137,10 @@ class HybridStep:
         # weighted by its speed relative to DSpark's plan for it before the selection. None (no ops at all) when 0,
         # and without an SPS table (a fixed verify window has no budget for the weights to move).
         self.fair = FairWeights(num_slots, max_bs, gamma, self.width, cfg.fairness, sps_dense, self.device,
-                                backend=kernel_backend) \
+                                backend=kernel_backend, scope=cfg.fairness_scope) \
             if cfg.fairness > 0 and sps_dense is not None else None
+        # Whether prefill must hand each request's tenant id (the corpus per tenant, or fairness between tenants).
+        self.tracks_tenant = cfg.corpus == "tenant" or (self.fair is not None and self.fair.scope == "tenant")
         if cfg.fairness > 0 and sps_dense is None:
             logger.warning("HYBRID_SPARK: fairness=%g has no effect with a fixed verify window (no SPS budget to "
                            "share); it applies on DSpark's ragged verify", cfg.fairness)
@@ -181,7 +183,7 @@ class HybridStep:
                    first_tokens: torch.Tensor, tenant: Optional[torch.Tensor] = None) -> None:
         """Start each slot's history with its prompt and the first sampled token.
 
-        ``tenant [bs]`` int32: each request's tenant id for the corpus (``cfg.corpus == "tenant"``; default 0)."""
+        ``tenant [bs]`` int32: each request's tenant id (read where ``tracks_tenant``; default 0)."""
         self.history.write_prompt(slots, prompt, prompt_len)
         self.stats.slot_stats.index_fill_(0, slots.to(torch.int64), 0)
         if self.fair is not None:
@@ -194,8 +196,9 @@ class HybridStep:
             self.ctail.reset(slots)
         if self.corpus is not None:
             self.corpus_cand.reset(slots)
+        if self.corpus is not None or self.tracks_tenant:
             s = slots.to(torch.int64)
-            if tenant is None:
+            if tenant is None or not self.tracks_tenant:
                 self.slot_tenant.index_fill_(0, s, 0)
             else:
                 self.slot_tenant.index_copy_(0, s, tenant.to(device=self.device, dtype=torch.int32))
@@ -274,7 +277,11 @@ class HybridStep:
                                                             tenant=ten if self.ctail is not None else None)
             out = self.sel.view(bs)
             if self.fair is not None:  # both chains of a request alike: only its share of the budget moves
-                fw = self.fair.weights(slots).view(-1, 1)
+                ften = None
+                if self.fair.scope == "tenant":  # the weights even out tenants, not requests
+                    ften = self._tenant[:bs]
+                    torch.index_select(self.slot_tenant, 0, slots, out=ften)
+                fw = self.fair.weights(slots, ften).view(-1, 1)
                 model_surv = torch.mul(model_surv, fw, out=self._fair_model[:bs, : model_surv.shape[1]])
                 ngram_surv = torch.mul(ngram_surv, fw, out=self._fair_ngram[:bs, : ngram_surv.shape[1]])
             select_chains(

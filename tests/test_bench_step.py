@@ -48,6 +48,7 @@ def test_check_passes_an_exact_replay_and_reports_a_wrong_one(monkeypatch) -> No
     for corpus in ("off", "shared"):
         assert mod._check(_args(), 3, corpus, cpu) == "exact"
     assert mod._check(_args(fairness=2.0), 3, "off", cpu) == "exact"  # the weights' records are compared too
+    assert mod._check(_args(fairness=2.0, fairness_scope="tenant"), 3, "off", cpu) == "exact"  # two tenants
 
     # a replay that proposes but never records: the histories drift apart, the check names what differs
     def propose_only(b):

@@ -56,7 +56,7 @@ def test_dry_run_prints_every_section_and_runs_nothing(tmp_path: Path) -> None:
     assert "scripts/bench_ngram.py --device cuda --corpus --bs 128,1,32 --hist 1k,8k --backends triton --cuda-graph" \
         in text  # the bs 128 budget measured first
     assert "scripts/bench_step.py --device cuda --bs 1,4,32,128" in text
-    assert "scripts/bench_step.py --device cuda --bs 32,128 --corpus off --fairness 2" in text
+    assert "scripts/bench_step.py --device cuda --bs 32,128 --corpus off --fairness 2 --fairness-scope tenant" in text
     assert "scripts/gpu_e2e_check.py --device cuda" in text
     assert "RESULT: dry run, nothing executed" in text
     assert not out.exists()  # a dry run writes nothing

@@ -72,14 +72,17 @@ def _step_ref(surv_w, w, vlen, sps, bs):
     return h, 1.0 / float(sps[bs + sum(vlen)])
 
 
+@pytest.mark.parametrize("scope", ["request", "tenant"])
 @pytest.mark.parametrize("alpha", [0.25, 1.0, 2.0])
-def test_weights_equal_the_plain_definition_over_many_steps(alpha):
-    rng = random.Random(int(alpha * 100))
+def test_weights_equal_the_plain_definition_over_many_steps(alpha, scope):
+    rng = random.Random(int(alpha * 100) + (scope == "tenant"))
     gamma, width, slots_n, max_bs = 4, 6, 12, 6
     table = _table(rng, max_bs * (1 + width) + 1)
     sps = dense_sps(table, max_bs * (1 + width) + 1)
-    fw = FairWeights(num_slots=slots_n, max_bs=max_bs, gamma=gamma, width=width, alpha=alpha, sps=sps, device="cpu")
+    fw = FairWeights(num_slots=slots_n, max_bs=max_bs, gamma=gamma, width=width, alpha=alpha, sps=sps, device="cpu",
+                     scope=scope)
     rec = {k: [0.0] * slots_n for k in ("h", "th", "e", "td", "n")}
+    tenant_of = [rng.choice([0, 7, 2**31 - 1]) for _ in range(slots_n)]  # three tenants, ids as SGLang's hash
     for _ in range(40):
         bs = rng.randint(1, max_bs)
         slots = rng.sample(range(slots_n), bs)
@@ -87,9 +90,12 @@ def test_weights_equal_the_plain_definition_over_many_steps(alpha):
         model_surv = _surv(rng, bs, gamma, rng.choice(["random", "ties"]))
         fw.plan(model_surv)
         _, e, td = dspark_plan_ref(model_surv, sps)
-        got = fw.weights(st).tolist()
-        want = fair_weights_ref(*([rec[k][s] for s in slots] for k in ("h", "th", "e", "td", "n")), alpha)
+        ten = [tenant_of[s] for s in slots] if scope == "tenant" else None
+        got = fw.weights(st, None if ten is None else torch.tensor(ten, dtype=torch.int32)).tolist()
+        want = fair_weights_ref(*([rec[k][s] for s in slots] for k in ("h", "th", "e", "td", "n")), alpha, ten)
         assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+        if ten is not None:  # one tenant, one weight
+            assert all(got[i] == got[j] for i in range(bs) for j in range(bs) if ten[i] == ten[j])
         assert max(got) == pytest.approx(1.0) and all(0 < w <= 1.0 + 1e-6 for w in got)
         # The chain each request verified, as the selection saw it (weighted), and how much of it was verified.
         surv_w = (torch.cumprod(torch.rand(bs, width), 1) * torch.tensor(got).view(-1, 1)).tolist()
@@ -99,8 +105,9 @@ def test_weights_equal_the_plain_definition_over_many_steps(alpha):
         for i, s in enumerate(slots):
             for k, v in (("h", h[i]), ("th", th), ("e", e[i]), ("td", td), ("n", 1)):
                 rec[k][s] += v
-        if rng.random() < 0.2:  # a slot takes a new request
+        if rng.random() < 0.2:  # a slot takes a new request (of any tenant)
             s = rng.randrange(slots_n)
+            tenant_of[s] = rng.choice([0, 7, 2**31 - 1])
             fw.reset(torch.tensor([s]))
             for k in rec:
                 rec[k][s] = 0.0
@@ -129,22 +136,49 @@ def test_weights_edge_cases_and_bad_arguments():
     assert HybridConfig.from_env({"SGLANG_HYBRID_FAIRNESS": "0.5"}).fairness == 0.5
 
 
-def test_weights_and_update_allocate_nothing_and_plan_never_syncs():
+def test_tenant_scope_edge_cases_and_bad_arguments():
+    sps = dense_sps(SpsTable((1, 8), (100.0, 50.0), 64), 64)
+    fw = FairWeights(num_slots=6, max_bs=5, gamma=2, width=3, alpha=2.0, sps=sps, device="cpu", scope="tenant")
+    # Slots 0, 1: tenant A at 2x and 1x DSpark's speed (A: 1.5x together); slot 2: tenant B at 0.5x; 3, 4 unknown.
+    for slot, hs in ((0, 4.0), (1, 2.0), (2, 1.0)):
+        fw.hyb_tokens[slot], fw.hyb_seconds[slot], fw.ds_tokens[slot], fw.ds_seconds[slot] = hs, 1.0, 2.0, 1.0
+        fw.steps[slot] = 1
+    a, b, c = (torch.tensor(t, dtype=torch.int32) for t in ([5, 5, 9], [5, 5], [5, 5, 9, 5, 3]))
+    assert fw.weights(torch.tensor([0, 1, 2]), a).tolist() == pytest.approx([(0.5 / 1.5) ** 2] * 2 + [1.0])
+    assert fw.weights(torch.tensor([0, 1]), b).tolist() == [1.0, 1.0]  # one tenant: every weight exactly 1
+    # Slot 3 joins tenant A (A's x, its own record unknown); slot 4's tenant has no record: the batch's mean x.
+    mean = (1.5 + 1.5 + 0.5 + 1.5) / 4
+    assert fw.weights(torch.tensor([0, 1, 2, 3, 4]), c).tolist() == pytest.approx(
+        [(0.5 / 1.5) ** 2] * 2 + [1.0, (0.5 / 1.5) ** 2, (0.5 / mean) ** 2])
+    assert fair_weights_ref([4.0, 2.0, 1.0], [1.0] * 3, [2.0] * 3, [1.0] * 3, [1, 1, 1], 2.0, [5, 5, 9]) \
+        == pytest.approx([(0.5 / 1.5) ** 2] * 2 + [1.0])
+    with pytest.raises(ValueError, match="tenant id"):
+        fw.weights(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="fairness_scope"):
+        FairWeights(num_slots=2, max_bs=2, gamma=2, width=3, alpha=1.0, sps=sps, device="cpu", scope="batch")
+    with pytest.raises(HybridConfigError, match="fairness_scope"):
+        HybridConfig(fairness=1.0, fairness_scope="kind").validate()
+    assert HybridConfig.from_env({"SGLANG_HYBRID_FAIRNESS_SCOPE": "tenant"}).fairness_scope == "tenant"
+
+
+@pytest.mark.parametrize("scope", ["request", "tenant"])
+def test_weights_and_update_allocate_nothing_and_plan_never_syncs(scope):
     from torch.profiler import ProfilerActivity, profile
 
     sps = dense_sps(SpsTable((1, 8, 20), (100.0, 60.0, 20.0), 64), 64)
-    fw = FairWeights(num_slots=8, max_bs=4, gamma=3, width=5, alpha=0.7, sps=sps, device="cpu")
+    fw = FairWeights(num_slots=8, max_bs=4, gamma=3, width=5, alpha=0.7, sps=sps, device="cpu", scope=scope)
     slots = torch.tensor([1, 4, 6], dtype=torch.int32)  # as the step passes them
+    tenant = torch.tensor([3, 0, 3], dtype=torch.int32)
     surv, chosen = torch.cumprod(torch.rand(3, 3), 1), torch.rand(3, 5)
     vlen = torch.tensor([3, 0, 5], dtype=torch.int32)
 
     fw.plan(surv)
-    fw.weights(slots)
+    fw.weights(slots, tenant)
     fw.update(slots, chosen, vlen)
     with sync_guard(True):  # plan is the selection (the torch reference on CPU, which allocates; Triton on a GPU)
         fw.plan(surv)
     with sync_guard(True), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fw.weights(slots)
+        fw.weights(slots, tenant)
         fw.update(slots, chosen, vlen)
     assert [e.name for e in prof.events() if e.cpu_memory_usage > 0] == []
 
@@ -154,15 +188,16 @@ GAMMA = 4
 STEP_SPS = SpsTable(tuple(range(1, 65)), tuple(1000.0 * min(1.0, 6.0 / b) for b in range(1, 65)), 64)
 
 
-def _step(fairness: float, sps: bool = True) -> HybridStep:
-    return HybridStep(HybridConfig(fairness=fairness, model_prior=0.3), num_slots=4, width=256, gamma=GAMMA,
-                      max_bs=2, device="cpu", sps_dense=dense_sps(STEP_SPS, 64) if sps else None)
+def _step(fairness: float, sps: bool = True, scope: str = "request") -> HybridStep:
+    return HybridStep(HybridConfig(fairness=fairness, model_prior=0.3, fairness_scope=scope), num_slots=4,
+                      width=256, gamma=GAMMA, max_bs=2, device="cpu",
+                      sps_dense=dense_sps(STEP_SPS, 64) if sps else None)
 
 
-def _run_step(fairness: float):
+def _run_step(fairness: float, scope: str = "request", tenant=None):
     """Two requests under a verify budget that binds, both on their model chains: slot 0's is confident (0.95 a
     token) and it has run at 3x DSpark's speed for it so far, slot 1's is weaker (0.7) and at DSpark's speed."""
-    step = _step(fairness)
+    step = _step(fairness, scope=scope)
     slots = torch.tensor([0, 1])
     rows = [list(range(10, 40)), list(range(100, 120))]  # nothing repeats: no n-gram chain
     p = max(len(r) for r in rows)
@@ -170,7 +205,8 @@ def _run_step(fairness: float):
     for i, r in enumerate(rows):
         prompt[i, : len(r)] = torch.tensor(r)
     lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
-    step.on_prefill(slots, prompt[:, :-1], lens - 1, torch.tensor([r[-1] for r in rows], dtype=torch.int32))
+    step.on_prefill(slots, prompt[:, :-1], lens - 1, torch.tensor([r[-1] for r in rows], dtype=torch.int32),
+                    tenant)
     if step.fair is not None:  # the requests' records so far: 3x and 1x DSpark's speed
         f = step.fair
         f.hyb_tokens[:2], f.hyb_seconds[:2] = torch.tensor([30.0, 10.0]), 1.0
@@ -205,6 +241,38 @@ def test_fairness_moves_a_binding_budget_towards_the_request_behind_dspark():
     assert step.fair.ds_tokens[:2].tolist() == pytest.approx([10 + e for e in expected], rel=1e-6)
 
 
+def test_tenant_scope_moves_the_budget_between_tenants_only():
+    """Scope "tenant" in the step: the two requests of one tenant share a weight of 1 and verify what they would
+    without fairness; as two tenants the budget moves as with scope "request". The step keeps each slot's tenant
+    from prefill (it tracks tenants for the weights with the corpus off)."""
+    base, _, _, _ = _run_step(0.0)
+    one, _, step1, _ = _run_step(1.0, "tenant", torch.tensor([4, 4], dtype=torch.int32))
+    two, _, step2, _ = _run_step(1.0, "tenant", torch.tensor([4, 11], dtype=torch.int32))
+    per_request, _, _, _ = _run_step(1.0)
+    assert step1.tracks_tenant and step1.corpus is None and step2.slot_tenant[:2].tolist() == [4, 11]
+    assert step1.fair.w[:2].tolist() == [1.0, 1.0] and one.verify_len.tolist() == base.verify_len.tolist()
+    assert step2.fair.w[:2].tolist() == pytest.approx([1 / 3, 1.0])
+    assert two.verify_len.tolist() == per_request.verify_len.tolist() != base.verify_len.tolist()
+    assert not _step(1.0).tracks_tenant and not _step(0.0, scope="tenant").tracks_tenant
+
+
+def test_prefill_hands_the_tenant_to_fairness_with_the_corpus_off():
+    """What the workers call at prefill: with scope "tenant" each slot gets its request's tenant id (SGLang's
+    extra_key / cache_salt, as the corpus's), though the corpus is off."""
+    from types import SimpleNamespace
+
+    from sglang_hybrid.sglang_plugin.common import tenant_id, write_prefill_history
+
+    step = _step(1.0, scope="tenant")
+    reqs = [SimpleNamespace(rid=f"t{i}", origin_input_ids=[1, 2, 3], output_ids=[], extra_key=None, cache_salt=c)
+            for i, c in enumerate(("chat-app", None))]
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), reqs=reqs,
+                            req_pool_indices=torch.tensor([3, 1]))
+    step.slot_tenant.fill_(-1)
+    write_prefill_history(step, batch, torch.tensor([4, 5], dtype=torch.int32), "cpu")
+    assert step.corpus is None and step.slot_tenant[[3, 1]].tolist() == [tenant_id(reqs[0]), 0] != [0, 0]
+
+
 def test_fairness_needs_an_sps_budget(caplog):
     """A fixed verify window (EAGLE-family workers) has no batch budget: the step builds no weights and says so."""
     with caplog.at_level("WARNING", logger="sglang_hybrid"):
@@ -234,8 +302,16 @@ def test_simulator_fairness_narrows_the_gap_between_kinds(tmp_path):
     chat, code = ([r[k]["hybrid_over_dspark"] for r in (base, a1, a4)] for k in ("chat", "code-edit"))
     assert chat[0] < chat[1] < chat[2] and code[0] > code[1] > code[2], (chat, code)
     assert chat[0] < 0.9 and min(chat[2], code[2]) >= 1.0, (chat, code)  # with 4, neither kind under DSpark
+    # Scope "tenant" (each kind its own tenant here) also lifts chat; on one kind alone it is fairness 0 exactly.
+    ten = simulate(recs, dataclasses.replace(opts, fairness=4.0, fairness_scope="tenant"))["ratios_by_kind"]
+    assert ten["chat"]["hybrid_over_dspark"] > chat[0], (ten, chat)
+    alone = [simulate(recs[0::2], dataclasses.replace(opts, policies=("hybrid",), **kw))["policies"]["hybrid"]
+             for kw in ({}, {"fairness": 4.0, "fairness_scope": "tenant"}, {"fairness": 4.0})]
+    assert alone[0] == alone[1] != alone[2]
     with pytest.raises(ValueError, match="fairness"):
         simulate(recs, dataclasses.replace(opts, fairness=5.0))
+    with pytest.raises(ValueError, match="fairness_scope"):
+        simulate(recs, dataclasses.replace(opts, fairness=1.0, fairness_scope="kind"))
 
 
 @pytest.mark.parametrize("bs,gamma", [(1, 7), (5, 4), (33, 7)])

@@ -1,4 +1,4 @@
-"""Per-request fairness weights for the batch-wide selection (option ``fairness``).
+"""Per-request fairness weights for the batch-wide selection (options ``fairness``, ``fairness_scope``).
 
 The SPS selection spends one verify budget on the batch's most likely tokens, which maximises the batch's tokens
 per second. In traffic that mixes kinds that starves the requests whose tokens are least likely: a code edit's
@@ -29,6 +29,16 @@ budget each request gets moves, and with it the budget itself (a smaller sum of 
 verify tokens, so the step gets shorter for everyone). Measuring against DSpark, not against tokens a step, is
 what keeps a request that DSpark would already serve fast (a code edit) from being pushed below DSpark's speed.
 
+**Scope.** ``scope="request"`` (above) evens out every request, so it also taxes one kind of traffic alone: code
+edits that copy run ahead of DSpark and those that do not run behind, and evening them out cost code edits alone 4%
+of their speed at batch 32 in the simulator. ``scope="tenant"`` measures each tenant instead (the requests of the
+batch with the same tenant id, ``weights(slots, tenant)``): ``x`` of a request is its tenant's, ``(sum h / sum
+hybrid seconds) / (sum e / sum DSpark seconds)`` over the tenant's requests in the batch that have a verify step
+(a tenant with none takes the mean ``x`` of the batch's requests that have one), and the rest is as above. Requests
+of one tenant get one weight, so traffic of one tenant runs exactly as with ``fairness`` 0, and an operator who
+gives each traffic class its own tenant (SGLang's ``extra_key`` or ``cache_salt``) keeps chat at DSpark's speed
+beside code edits without taxing either on its own.
+
 Decode-step rules: every method writes only into buffers made at construction (``plan``'s selection too, on a GPU:
 the Triton kernel needs no scratch memory), never reads the device on the host and never branches on device
 data. ``dspark_plan_ref`` and ``fair_weights_ref`` are the plain definitions the tests
@@ -39,10 +49,11 @@ from __future__ import annotations
 
 import torch
 
+from ..config import FAIRNESS_SCOPES
 from .api import select_chains
 from .buffers import SelectionBuffers
 
-__all__ = ["FairWeights", "dspark_plan_ref", "fair_weights_ref"]
+__all__ = ["FAIRNESS_SCOPES", "FairWeights", "dspark_plan_ref", "fair_weights_ref"]
 
 SURVIVAL_EPS = 1e-6  # DSpark's DSparkScheduleConfig.survival_eps: smaller survivals are never admitted
 
@@ -69,10 +80,19 @@ def dspark_plan_ref(model_surv: torch.Tensor, sps: torch.Tensor) -> tuple[int, l
 
 
 def fair_weights_ref(hyb_tokens: list[float], hyb_seconds: list[float], ds_tokens: list[float],
-                     ds_seconds: list[float], steps: list[int], alpha: float) -> list[float]:
-    """Plain definition: the weights of one batch from each request's sums so far (see the module docstring)."""
-    x = [(h / th) / (e / td) if n > 0 else None
-         for h, th, e, td, n in zip(hyb_tokens, hyb_seconds, ds_tokens, ds_seconds, steps)]
+                     ds_seconds: list[float], steps: list[int], alpha: float,
+                     tenant: list[int] | None = None) -> list[float]:
+    """Plain definition: the weights of one batch from each request's sums so far (see the module docstring);
+    ``tenant``: each request's tenant id (scope "tenant"), or None (scope "request")."""
+    if tenant is None:
+        x = [(h / th) / (e / td) if n > 0 else None
+             for h, th, e, td, n in zip(hyb_tokens, hyb_seconds, ds_tokens, ds_seconds, steps)]
+    else:
+        x = []
+        for t in tenant:
+            g = [i for i in range(len(steps)) if tenant[i] == t and steps[i] > 0]
+            x.append((sum(hyb_tokens[i] for i in g) / sum(hyb_seconds[i] for i in g))
+                     / (sum(ds_tokens[i] for i in g) / sum(ds_seconds[i] for i in g)) if g else None)
     known = [v for v in x if v is not None]
     if not known:
         return [1.0] * len(steps)
@@ -94,12 +114,16 @@ class FairWeights:
         sps: the dense steps-per-second table the selection prices with (``selection.dense_sps``).
         device: where the records live.
         backend: ``select_chains``'s backend for the plan ("auto": the Triton kernel on CUDA tensors).
+        scope: "request" or "tenant" (``weights`` then takes each request's tenant id).
     """
 
     def __init__(self, num_slots: int, max_bs: int, gamma: int, width: int, alpha: float, sps: torch.Tensor,
-                 device, backend: str = "auto") -> None:
+                 device, backend: str = "auto", scope: str = "request") -> None:
         if not alpha > 0:
             raise ValueError(f"fairness: alpha must be > 0, got {alpha}")
+        if scope not in FAIRNESS_SCOPES:
+            raise ValueError(f"fairness_scope: must be one of {FAIRNESS_SCOPES}, got {scope!r}")
+        self.scope = scope
         if sps.shape[0] < max_bs * (1 + max(gamma, width)) + 1:
             raise ValueError(f"fairness: the SPS table covers {sps.shape[0] - 1} batch tokens, the step needs "
                              f"{max_bs * (1 + max(gamma, width))}")
@@ -144,6 +168,11 @@ class FairWeights:
         self._fill = torch.zeros(1, **f32)
         self._m = torch.zeros(1, **f32)
         self._zero = torch.zeros(1, **f32)
+        if scope == "tenant":  # weights(): per request, the sums of its tenant's requests in the batch
+            self._eq = torch.zeros(max_bs * max_bs, dtype=torch.bool, device=device)
+            self._same = torch.zeros(max_bs * max_bs, **f32)
+            self._v = torch.zeros(max_bs, 5, **f32)
+            self._g = torch.zeros(max_bs, 5, **f32)
 
     def reset(self, slots: torch.Tensor) -> None:
         """A new request in ``slots`` (at prefill)."""
@@ -177,21 +206,41 @@ class FairWeights:
                       backend=self.backend)
         self._book(out.survival, out.verify_len, self._ed[:bs], self._td)
 
-    def weights(self, slots: torch.Tensor) -> torch.Tensor:
-        """``w [bs]`` for the requests in ``slots`` (a view of a preallocated buffer)."""
+    def weights(self, slots: torch.Tensor, tenant: torch.Tensor | None = None) -> torch.Tensor:
+        """``w [bs]`` for the requests in ``slots`` (a view of a preallocated buffer); ``tenant [bs]``: their
+        tenant ids, needed with scope "tenant" (ignored with "request")."""
         bs = slots.shape[0]
         st, x, den, known, w = self._st[:bs], self._x[:bs], self._den[:bs], self._known[:bs], self.w[:bs]
+        kf = self._kf[:bs]
         torch.index_select(self.steps, 0, slots, out=st)
         torch.gt(st, self._zero, out=known)
-        torch.index_select(self.hyb_tokens, 0, slots, out=x)
-        torch.index_select(self.ds_seconds, 0, slots, out=den)
-        x.mul_(den)
-        torch.index_select(self.hyb_seconds, 0, slots, out=den)
-        torch.index_select(self.ds_tokens, 0, slots, out=self._wc[:bs])
-        den.mul_(self._wc[:bs]).clamp_(min=1e-30)
-        x.div_(den)  # relative speed; 0 where unknown
-        kf = self._kf[:bs]
         kf.copy_(known)
+        if self.scope == "tenant":
+            if tenant is None:
+                raise ValueError("FairWeights.weights: scope 'tenant' needs each request's tenant id")
+            v, g = self._v[:bs], self._g[:bs]
+            for col, rec in enumerate((self.hyb_tokens, self.hyb_seconds, self.ds_tokens, self.ds_seconds)):
+                torch.index_select(rec, 0, slots, out=den)
+                torch.mul(den, kf, out=v[:, col])
+            v[:, 4].copy_(kf)
+            eq = self._eq[: bs * bs].view(bs, bs)
+            same = self._same[: bs * bs].view(bs, bs)
+            torch.eq(tenant.view(-1, 1), tenant.view(1, -1), out=eq)
+            same.copy_(eq)
+            torch.mm(same, v, out=g)  # per request: its tenant's known requests' sums, and how many there are
+            torch.gt(g[:, 4], self._zero, out=known)
+            kf.copy_(known)
+            torch.mul(g[:, 0], g[:, 3], out=x)
+            torch.mul(g[:, 1], g[:, 2], out=den)
+        else:
+            torch.index_select(self.hyb_tokens, 0, slots, out=x)
+            torch.index_select(self.ds_seconds, 0, slots, out=den)
+            x.mul_(den)
+            torch.index_select(self.hyb_seconds, 0, slots, out=den)
+            torch.index_select(self.ds_tokens, 0, slots, out=self._wc[:bs])
+            den.mul_(self._wc[:bs])
+        den.clamp_(min=1e-30)
+        x.div_(den)  # relative speed; 0 where unknown
         torch.sum(kf, 0, keepdim=True, out=self._n)
         torch.sum(x, 0, keepdim=True, out=self._fill)
         self._n.clamp_(min=1.0)

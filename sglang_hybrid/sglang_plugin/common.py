@@ -44,7 +44,7 @@ def write_prefill_history(hybrid: HybridStep, batch, next_token_ids: torch.Tenso
     lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
     note_prefill(batch.reqs)
     tenant = None
-    if hybrid.cfg.corpus == "tenant":
+    if hybrid.tracks_tenant:  # the corpus per tenant, or fairness between tenants
         tenant = torch.tensor([tenant_id(r) for r in batch.reqs], dtype=torch.int32).to(device, non_blocking=True)
     hybrid.on_prefill(
         batch.req_pool_indices,
@@ -56,8 +56,9 @@ def write_prefill_history(hybrid: HybridStep, batch, next_token_ids: torch.Tenso
 
 
 def tenant_id(req) -> int:
-    """The corpus tenant of an SGLang ``Req``: what isolates its prefix cache, i.e. ``extra_key`` (SGLang appends
-    the LoRA id to it) and ``cache_salt``, hashed (CRC-32) to 31 bits; a request with neither is tenant 0."""
+    """The tenant of an SGLang ``Req`` (the corpus's, and the fairness weights' with ``fairness_scope`` tenant):
+    what isolates its prefix cache, i.e. ``extra_key`` (SGLang appends the LoRA id to it) and ``cache_salt``,
+    hashed (CRC-32) to 31 bits; a request with neither is tenant 0."""
     import zlib
 
     key = getattr(req, "extra_key", None) or ""

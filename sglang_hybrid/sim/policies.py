@@ -47,6 +47,8 @@ class StepInput:
     model_tokens: torch.Tensor  # [bs, gamma] int32 the model drafter's chain
     conf: torch.Tensor  # [bs, gamma] float32 its per-position conditional confidences
     context_tokens: Optional[torch.Tensor] = None  # 0-d float: the KV tokens the step reads (all requests)
+    # [bs] int32 each request's tenant: the simulator gives each request kind its own (fairness_scope "tenant")
+    tenant: Optional[torch.Tensor] = None
     # The reference continuation [bs, look] int64 (-1 past the end): only for a policy whose ``clairvoyant`` is
     # True (``oracle.py``, a yardstick); what a server runs never sees it.
     reference: Optional[np.ndarray] = None
@@ -156,7 +158,7 @@ class HybridPolicy:
                  online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None,
                  two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
                  corpus_calibration="default", model_tail: int = 0, model_agreement: bool = True,
-                 corpus_tail: bool = True, fairness: float = 0.0) -> None:
+                 corpus_tail: bool = True, fairness: float = 0.0, fairness_scope: str = "request") -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -200,7 +202,7 @@ class HybridPolicy:
             if model_agreement and enable_ngram else None
         # Fairness weights between requests (selection/fairness.py), as HybridStep builds them.
         # A fixed window never binds a budget, so there is nothing for the weights to move.
-        self.fair = FairWeights(max_bs, max_bs, gamma, width, fairness, self.sps, "cpu") \
+        self.fair = FairWeights(max_bs, max_bs, gamma, width, fairness, self.sps, "cpu", scope=fairness_scope) \
             if fairness > 0 and fixed_window is None else None
         self._history: Optional[TokenHistory] = None
 
@@ -278,7 +280,7 @@ class HybridPolicy:
                                                           corpus=self.ctail)
         out = self.sel.view(bs)
         if self.fair is not None:  # as HybridStep.propose: both chains of a request weighted alike
-            fw = self.fair.weights(inp.slots).view(-1, 1)
+            fw = self.fair.weights(inp.slots, inp.tenant).view(-1, 1)
             sel_m, sel_n = model_surv * fw, surv * fw  # the selection's inputs; the figures keep the estimates
         else:
             sel_m, sel_n = model_surv, surv

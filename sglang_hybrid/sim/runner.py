@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..config import FAIRNESS_MAX, HybridConfig
+from ..config import FAIRNESS_MAX, FAIRNESS_SCOPES, HybridConfig
 from ..selection.sps import SpsTable, load_default_sps_table, load_sps_table, roofline_sps_table
 from ..selection.sps2d import load_sps2d_table, roofline_sps2d_table
 from .cost import make_cost
@@ -58,6 +58,7 @@ class SimOptions:
     two_branch: bool = False  # hybrid (ragged): verify both chains as a two-branch tree where that pays
     corpus_tail: bool = HybridConfig.corpus_tail  # hybrid, corpus and tail on: the corpus's tail (calibration/tail.py)
     fairness: float = HybridConfig.fairness  # hybrid: fairness weights before the selection (selection/fairness.py)
+    fairness_scope: str = HybridConfig.fairness_scope  # "request", or "tenant" (each request kind its own tenant)
     model_tail: int = HybridConfig.model_tail  # hybrid: n-gram tail after the model chain (calibration/tail.py),
     # at most this many tokens, capped by the chain width minus gamma; 0 = off
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
@@ -86,6 +87,8 @@ class SimOptions:
             raise ValueError(f"gamma: must be >= 1, got {self.gamma}")
         if not 0.0 <= self.fairness <= FAIRNESS_MAX:
             raise ValueError(f"fairness: must be in [0, {FAIRNESS_MAX:g}] (0 = off), got {self.fairness}")
+        if self.fairness_scope not in FAIRNESS_SCOPES:
+            raise ValueError(f"fairness_scope: choose from {FAIRNESS_SCOPES}, got {self.fairness_scope!r}")
         if self.max_requests < 0:
             raise ValueError(f"max_requests: must be >= 0, got {self.max_requests}")
         if self.cost not in ("sps", "roofline-2d"):
@@ -220,7 +223,8 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None, hy
                    online_defer=opts.online_defer, online_bins=opts.online_bins, sps2d=sps2d,
                    two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries,
                    corpus_calibration=opts.corpus_calibration, model_tail=opts.model_tail,
-                   model_agreement=opts.model_agreement, corpus_tail=opts.corpus_tail, fairness=opts.fairness)
+                   model_agreement=opts.model_agreement, corpus_tail=opts.corpus_tail, fairness=opts.fairness,
+                   fairness_scope=opts.fairness_scope)
     if name == ORACLE and opts.oracle:
         from .oracle import OraclePolicy
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .acceptance import DEFAULT_CONCENTRATION, DEFAULT_DECAY
-from ..config import HybridConfig
+from ..config import FAIRNESS_SCOPES, HybridConfig
 from .oracle import ORACLE_MODES
 from .runner import DEFAULT_DRAFT_COST_FRAC, DEFAULT_NGRAM_WIDTH, ORACLE, POLICIES, SimOptions
 
@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid: weight each request's survivals by (the batch's lowest speed relative to DSpark's "
                         "plan for the same request / its own) ** FAIRNESS before the selection (selection/"
                         "fairness.py; the plugin's fairness): 0 = the batch total alone; ragged verify only")
+    n.add_argument("--fairness-scope", choices=FAIRNESS_SCOPES, default=HybridConfig.fairness_scope,
+                   help="hybrid, with --fairness: what the weights even out: every request, or each tenant's "
+                        "requests together (here each request kind is its own tenant; the plugin's "
+                        "fairness_scope)")
     n.add_argument("--no-model-agreement", dest="model_agreement", action="store_false",
                    help="hybrid: price the n-gram tokens without the model chain beside them (calibration/"
                         "agreement.py; default on, as the plugin's model_agreement)")
@@ -150,6 +154,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         hybrid_verify=args.hybrid_verify, two_branch=args.two_branch, corpus=args.corpus,
         corpus_entries=args.corpus_entries, corpus_calibration=args.corpus_calibration, model_tail=args.model_tail,
         model_agreement=args.model_agreement, corpus_tail=args.corpus_tail, fairness=args.fairness,
+        fairness_scope=args.fairness_scope,
         online_calibration=HybridConfig.online_calibration if args.online_calibration is None
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,

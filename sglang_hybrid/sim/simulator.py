@@ -219,7 +219,8 @@ def run_policy(
         inp = StepInput(slots, req_index[ri], torch.from_numpy(model_tok.astype(np.int32)),
                         torch.from_numpy(np.ascontiguousarray(conf, dtype=np.float32)),
                         torch.tensor(float(prompt_len[ri].sum() + pos.sum())),
-                        reference=ref if clairvoyant else None)
+                        reference=ref if clairvoyant else None,
+                        tenant=torch.from_numpy(req_kind[ri].astype(np.int32)))
         out = policy.step(inp, hist)
         vl = out.verify_len.numpy().astype(np.int64)
         chain = out.tokens.numpy().astype(np.int64)
