@@ -209,8 +209,10 @@ _register_dspark("hybrid_dspark_compact_no_ngram", "HYBRID_SPARK", "compact",
 # widens the window to 8 (n-gram chains of up to 7 tokens against the 3-token model block).
 _register_dspark("hybrid_dspark_static", "HYBRID_SPARK", "static", env=(_GUARD,),
                  kwargs=(("chunked_prefill_size", 16),))
-# cap-accept also runs the fairness weights (selection/fairness.py), which reach DSpark's planner confidences.
-_register_dspark("hybrid_dspark_cap", "HYBRID_SPARK", "cap-accept", env=(_GUARD, ("SGLANG_HYBRID_FAIRNESS", "1")))
+# cap-accept also runs the fairness weights (selection/fairness.py), which reach DSpark's planner confidences,
+# between tenants (the tests send two cache_salts).
+_register_dspark("hybrid_dspark_cap", "HYBRID_SPARK", "cap-accept",
+                 env=(_GUARD, ("SGLANG_HYBRID_FAIRNESS", "1"), ("SGLANG_HYBRID_FAIRNESS_SCOPE", "tenant")))
 # compact also runs the cross-request corpus (shared, a 64Ki-entry table) and the 2-D SPS price (the roofline
 # model, rewritten each step for the batch's context): the lossless suite covers both there.
 _register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact",
@@ -229,9 +231,12 @@ LOSSLESS_SPEC_CONFIGS: List[str] = [
 # ------------------------------------------------------------------------------------------------------------
 
 
-def host_generate(engine: Any, input_ids: List[List[int]], sampling_params: List[Dict[str, Any]]) -> List[dict]:
-    """``engine.generate`` on a batch of token-id prompts; returns the output dicts in request order."""
-    out = engine.generate(input_ids=input_ids, sampling_params=sampling_params)
+def host_generate(engine: Any, input_ids: List[List[int]], sampling_params: List[Dict[str, Any]],
+                  cache_salt: Optional[List[str]] = None) -> List[dict]:
+    """``engine.generate`` on a batch of token-id prompts (``cache_salt``: per request, SGLang's prefix-cache salt,
+    which is also the plugin's tenant); returns the output dicts in request order."""
+    kw = {} if cache_salt is None else {"cache_salt": cache_salt}
+    out = engine.generate(input_ids=input_ids, sampling_params=sampling_params, **kw)
     return out if isinstance(out, list) else [out]
 
 
@@ -399,14 +404,16 @@ class EngineHandle:
         return payload
 
     def generate(
-        self, input_ids: List[List[int]], sampling_params: List[Dict[str, Any]] | Dict[str, Any]
+        self, input_ids: List[List[int]], sampling_params: List[Dict[str, Any]] | Dict[str, Any],
+        cache_salt: Optional[List[str]] = None,
     ) -> List[dict]:
-        """Generate for a batch of token-id prompts (one sampling-params dict per prompt, or one for all)."""
+        """Generate for a batch of token-id prompts (one sampling-params dict per prompt, or one for all;
+        ``cache_salt``: one per prompt, the plugin's tenant)."""
         if isinstance(sampling_params, dict):
             sampling_params = [dict(sampling_params) for _ in input_ids]
         if len(sampling_params) != len(input_ids):
             raise ValueError(f"{len(input_ids)} prompts but {len(sampling_params)} sampling_params")
-        return self.call(host_generate, input_ids, sampling_params)
+        return self.call(host_generate, input_ids, sampling_params, cache_salt)
 
     def generate_with_abort(
         self,

@@ -55,7 +55,9 @@ def test_static_and_cap_accept_greedy_equals_reference(engine_pool, prompts, hf_
     engine = engine_pool.get(config)
     rows = [5, 2, 8, 4][:bs]  # 40, 17, 28 and 33 tokens: chunked in 16-token pieces in the static config
     sps = [_greedy(16 if i % 2 == 0 else 9) for i in range(bs)]
-    outputs = engine.generate([prompts[i] for i in rows], sps)
+    # cap-accept weighs tenants against each other: two tenants (cache_salt), and a request with none ("": tenant 0).
+    salt = [("chat", "", "code", "chat")[i] for i in range(bs)] if mode == "cap-accept" else None
+    outputs = engine.generate([prompts[i] for i in rows], sps, cache_salt=salt)
     check_greedy(outputs, [hf_reference[i] for i in rows], sps)
     info = engine.server_info()
     assert info["disable_overlap_schedule"] is False
