@@ -144,6 +144,9 @@ class HybridStep:
         if cfg.fairness > 0 and sps_dense is None:
             logger.warning("HYBRID_SPARK: fairness=%g has no effect with a fixed verify window (no SPS budget to "
                            "share); it applies on DSpark's ragged verify", cfg.fairness)
+        if cfg.fairness == 0 and cfg.fairness_scope != "request":
+            logger.warning("HYBRID_SPARK: fairness_scope=%s has no effect with fairness=0 (set fairness, e.g. 2-4)",
+                           cfg.fairness_scope)
         if self.fair is not None:
             self._fair_model = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
             self._fair_ngram = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
@@ -395,6 +398,7 @@ class HybridStep:
         m["narrow_window_steps"] = self.narrow_steps
         m["price_sps2d"] = int(self.sps2d is not None)
         m["fairness"] = self.cfg.fairness if self.fair is not None else 0.0  # the exponent in use (0 = the batch total)
+        m["fairness_scope"] = self.fair.scope if self.fair is not None else ""  # what it evens out ("" = off)
         m.update(self.extra_metrics)
         m["model_tail_tokens"] = 0 if self.tail is None else self.tail.tail
         if self.tail is not None:

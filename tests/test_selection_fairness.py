@@ -254,6 +254,9 @@ def test_tenant_scope_moves_the_budget_between_tenants_only():
     assert step2.fair.w[:2].tolist() == pytest.approx([1 / 3, 1.0])
     assert two.verify_len.tolist() == per_request.verify_len.tolist() != base.verify_len.tolist()
     assert not _step(1.0).tracks_tenant and not _step(0.0, scope="tenant").tracks_tenant
+    assert (step2.metrics()["fairness"], step2.metrics()["fairness_scope"]) == (1.0, "tenant")
+    assert (_step(0.0, scope="tenant").metrics()["fairness_scope"], _step(1.0).metrics()["fairness_scope"]) \
+        == ("", "request")
 
 
 def test_prefill_hands_the_tenant_to_fairness_with_the_corpus_off():
@@ -279,6 +282,10 @@ def test_fairness_needs_an_sps_budget(caplog):
         step = _step(1.0, sps=False)
     assert step.fair is None
     assert "fairness=1 has no effect" in caplog.text
+    with caplog.at_level("WARNING", logger="sglang_hybrid"):
+        step = _step(0.0, scope="tenant")
+    assert step.fair is None and not step.tracks_tenant
+    assert "fairness_scope=tenant has no effect with fairness=0" in caplog.text
 
 
 def test_simulator_fairness_narrows_the_gap_between_kinds(tmp_path):

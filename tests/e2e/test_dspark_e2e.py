@@ -64,6 +64,7 @@ def test_static_and_cap_accept_greedy_equals_reference(engine_pool, prompts, hf_
     assert info["internal_states"][0]["hybrid_spark"]["verify_mode"] == mode
     # cap-accept runs the fairness weights (engine_harness.py), which also scale DSpark's planner confidences.
     assert info["internal_states"][0]["hybrid_spark"]["fairness"] == (1.0 if mode == "cap-accept" else 0.0)
+    assert info["internal_states"][0]["hybrid_spark"]["fairness_scope"] == ("tenant" if mode == "cap-accept" else "")
 
 
 def test_radix_prefix_reuse_and_slot_reuse_stay_lossless(engine_pool, tiny_models, prompts, hf_reference):
