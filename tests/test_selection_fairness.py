@@ -262,17 +262,12 @@ def test_tenant_scope_moves_the_budget_between_tenants_only():
 def test_prefill_hands_the_tenant_to_fairness_with_the_corpus_off():
     """What the workers call at prefill: with scope "tenant" each slot gets its request's tenant id (SGLang's
     extra_key / cache_salt, as the corpus's), though the corpus is off."""
-    from types import SimpleNamespace
-
-    from sglang_hybrid.sglang_plugin.common import tenant_id, write_prefill_history
+    from sglang_hybrid.sglang_plugin.common import tenant_id
+    from tests.prefill_stub import prefill_stub_requests
 
     step = _step(1.0, scope="tenant")
-    reqs = [SimpleNamespace(rid=f"t{i}", origin_input_ids=[1, 2, 3], output_ids=[], extra_key=None, cache_salt=c)
-            for i, c in enumerate(("chat-app", None))]
-    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), reqs=reqs,
-                            req_pool_indices=torch.tensor([3, 1]))
     step.slot_tenant.fill_(-1)
-    write_prefill_history(step, batch, torch.tensor([4, 5], dtype=torch.int32), "cpu")
+    reqs = prefill_stub_requests(step, [3, 1], [(None, "chat-app"), (None, None)])
     assert step.corpus is None and step.slot_tenant[[3, 1]].tolist() == [tenant_id(reqs[0]), 0] != [0, 0]
 
 

@@ -218,17 +218,12 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
 
 def test_prefill_gives_each_slot_its_requests_tenant():
     """What the workers call at prefill: in 'tenant' mode each slot gets its request's tenant id."""
-    from types import SimpleNamespace
-
-    from sglang_hybrid.sglang_plugin.common import tenant_id, write_prefill_history
+    from sglang_hybrid.sglang_plugin.common import tenant_id
+    from tests.prefill_stub import prefill_stub_requests
 
     step = _step(corpus="tenant")
-    reqs = [SimpleNamespace(rid=f"t{i}", origin_input_ids=[1, 2, 3], output_ids=[], extra_key=k, cache_salt=None)
-            for i, k in enumerate(("acme", None))]
-    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), reqs=reqs,
-                            req_pool_indices=torch.tensor([6, 2]))
     step.slot_tenant.fill_(-1)
-    write_prefill_history(step, batch, torch.tensor([4, 5], dtype=torch.int32), "cpu")
+    reqs = prefill_stub_requests(step, [6, 2], [("acme", None), (None, None)])
     assert step.slot_tenant[[6, 2]].tolist() == [tenant_id(reqs[0]), 0] and tenant_id(reqs[0]) != 0
     assert step.history.lens[[6, 2]].tolist() == [4, 4]
 
