@@ -247,9 +247,11 @@ class HybridStep:
                 mcond = model_confidence if model_confidence is not None else self.model_cond.expand(bs, -1)
                 self.agreement.apply(draft.tokens, draft.length, q, ngram_surv, model_tokens, mcond)
             ngram_tokens, ngram_len = draft.tokens, draft.length
-            if self.corpus is not None:
+            ten = None  # the requests' tenant ids, read once for the corpus and the fairness weights
+            if self.corpus is not None or self.tracks_tenant:
                 ten = self._tenant[:bs]
                 torch.index_select(self.slot_tenant, 0, slots, out=ten)
+            if self.corpus is not None:
                 cdraft = self.corpus.lookup(self.history, slots, ten)
                 cq, csurv = self.corpus_cand.price(slots, cdraft)
                 if self.agreement is not None:
@@ -280,11 +282,7 @@ class HybridStep:
                                                             tenant=ten if self.ctail is not None else None)
             out = self.sel.view(bs)
             if self.fair is not None:  # both chains of a request alike: only its share of the budget moves
-                ften = None
-                if self.fair.scope == "tenant":  # the weights even out tenants, not requests
-                    ften = self._tenant[:bs]
-                    torch.index_select(self.slot_tenant, 0, slots, out=ften)
-                fw = self.fair.weights(slots, ften).view(-1, 1)
+                fw = self.fair.weights(slots, ten).view(-1, 1)  # scope "request" ignores the tenant ids
                 model_surv = torch.mul(model_surv, fw, out=self._fair_model[:bs, : model_surv.shape[1]])
                 ngram_surv = torch.mul(ngram_surv, fw, out=self._fair_ngram[:bs, : ngram_surv.shape[1]])
             select_chains(
