@@ -28,6 +28,10 @@ WARMUP_MODES = ("auto", "on", "off")  # start-up warm-up of the decode step (war
 STEP_GRAPHS_MODES = ("off", "on")  # CUDA-graph replay of the decode step (graphs.py)
 FAIRNESS_MAX = 4.0  # largest exponent of the fairness weights (selection/fairness.py)
 FAIRNESS_SCOPES = ("request", "tenant")  # what the fairness weights even out (selection/fairness.py)
+# Which fields of an SGLang request name its tenant (the corpus's "tenant" isolation, fairness_scope "tenant"):
+# "cache" = extra_key + cache_salt (what isolates the prefix cache), "routing_key" = SGLang's routing key (the
+# x-smg-routing-key header; it leaves the prefix cache shared), "cache+routing_key" = a tenant per pair.
+TENANT_KEYS = ("cache", "routing_key", "cache+routing_key")
 
 
 class HybridConfigError(ValueError):
@@ -77,7 +81,9 @@ class HybridConfig:
     # it / its own) ** fairness before the selection (selection/fairness.py): 0 = the batch's tokens per second
     # alone; 2 keeps chat beside code edits near DSpark's speed; needs DSpark's ragged verify (an SPS budget)
     fairness_scope: str = "request"  # what the weights even out: "request" (every request in the batch) or
-    # "tenant" (each tenant's requests together; the tenant is the corpus's: extra_key / cache_salt; README)
+    # "tenant" (each tenant's requests together; the tenant is the corpus's, see tenant_key; README)
+    tenant_key: str = "cache"  # what names a request's tenant (TENANT_KEYS): "cache" = extra_key / cache_salt,
+    # "routing_key" = SGLang's routing key (traffic classes without salting the prefix cache), or both
     warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
     step_graphs: str = "off"  # "on": replay propose / record as CUDA graphs, one per call shape (graphs.py; GPU)
 
@@ -122,6 +128,8 @@ class HybridConfig:
                                   f"got {self.fairness}")
         if self.fairness_scope not in FAIRNESS_SCOPES:
             raise bad("fairness_scope", f"must be one of {FAIRNESS_SCOPES}, got {self.fairness_scope!r}")
+        if self.tenant_key not in TENANT_KEYS:
+            raise bad("tenant_key", f"must be one of {TENANT_KEYS}, got {self.tenant_key!r}")
         if self.step_graphs not in STEP_GRAPHS_MODES:
             raise bad("step_graphs", f"must be one of {STEP_GRAPHS_MODES}, got {self.step_graphs!r}")
         if self.warmup not in WARMUP_MODES:

@@ -36,6 +36,7 @@ from .selection.sps2d import DenseSps2D, Sps2DTable
 from .stats import COUNTER_NAMES, SLOT_STAT_NAMES, StepStats  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("sglang_hybrid")
+TENANTS_TRACKED = 1 << 16  # distinct tenant ids the metric tenants_seen counts (host memory stays bounded)
 
 @dataclass
 class Proposal:
@@ -147,6 +148,15 @@ class HybridStep:
         if cfg.fairness == 0 and cfg.fairness_scope != "request":
             logger.warning("HYBRID_SPARK: fairness_scope=%s has no effect with fairness=0 (set fairness, e.g. 2-4)",
                            cfg.fairness_scope)
+        if cfg.tenant_key != "cache" and not self.tracks_tenant:
+            logger.warning("HYBRID_SPARK: tenant_key=%s has no effect: nothing reads tenants (set corpus=tenant, or "
+                           "fairness_scope=tenant with fairness > 0 on DSpark's ragged verify)", cfg.tenant_key)
+        if cfg.corpus == "tenant" and cfg.tenant_key == "routing_key":
+            logger.warning("HYBRID_SPARK: corpus=tenant with tenant_key=routing_key isolates the corpus by routing key "
+                           "only: requests with different cache_salt / extra_key but one routing key share its "
+                           "continuations (tenant_key=cache+routing_key keeps them apart)")
+        # Distinct tenant ids prefilled so far (host ints from the workers' prefill hook; metric tenants_seen).
+        self._tenants_seen: set = set()
         if self.fair is not None:
             self._fair_model = torch.zeros(max_bs, self.width, dtype=torch.float32, device=self.device)
             self._fair_ngram = torch.zeros(max_bs, L, dtype=torch.float32, device=self.device)
@@ -207,6 +217,14 @@ class HybridStep:
                 self.slot_tenant.index_copy_(0, s, tenant.to(device=self.device, dtype=torch.int32))
         ones = torch.ones_like(slots, dtype=torch.int32)
         self.history.append(slots, first_tokens.to(torch.int32).view(-1, 1), ones)
+
+    def note_tenants(self, ids) -> None:
+        """Host side, at prefill: remember the distinct tenant ids (at most ``TENANTS_TRACKED``; past that the
+        metric ``tenants_seen`` is a floor)."""
+        for t in ids:
+            if len(self._tenants_seen) >= TENANTS_TRACKED:
+                return
+            self._tenants_seen.add(int(t))
 
     # ---- decode step --------------------------------------------------------------------------------
     def _budget(self, bs: int) -> Optional[torch.Tensor]:
@@ -397,6 +415,8 @@ class HybridStep:
         m["price_sps2d"] = int(self.sps2d is not None)
         m["fairness"] = self.cfg.fairness if self.fair is not None else 0.0  # the exponent in use (0 = the batch total)
         m["fairness_scope"] = self.fair.scope if self.fair is not None else ""  # what it evens out ("" = off)
+        m["tenant_key"] = self.cfg.tenant_key if self.tracks_tenant else ""  # what names a tenant ("" = unused)
+        m["tenants_seen"] = len(self._tenants_seen)  # distinct tenants prefilled (0 where unused)
         m.update(self.extra_metrics)
         m["model_tail_tokens"] = 0 if self.tail is None else self.tail.tail
         if self.tail is not None:

@@ -8,13 +8,15 @@ from typing import Optional, Sequence
 import torch
 
 
-def prefill_stub_requests(step, slots: Sequence[int], tenants: Sequence[tuple[Optional[str], Optional[str]]]) -> list:
+def prefill_stub_requests(step, slots: Sequence[int], tenants: Sequence[tuple[Optional[str], ...]]) -> list:
     """Prefill a 3-token prompt into each of ``slots`` through ``write_prefill_history``, one stand-in ``Req`` per
-    slot with the ``(extra_key, cache_salt)`` of ``tenants``; returns the requests (``tenant_id`` reads them)."""
+    slot with the ``(extra_key, cache_salt[, routing_key])`` of ``tenants``; returns the requests (``tenant_id``
+    reads them)."""
     from sglang_hybrid.sglang_plugin.common import write_prefill_history
 
-    reqs = [SimpleNamespace(rid=f"t{i}", origin_input_ids=[1, 2, 3], output_ids=[], extra_key=k, cache_salt=c)
-            for i, (k, c) in enumerate(tenants)]
+    reqs = [SimpleNamespace(rid=f"t{i}", origin_input_ids=[1, 2, 3], output_ids=[], extra_key=t[0], cache_salt=t[1],
+                            routing_key=t[2] if len(t) > 2 else None)
+            for i, t in enumerate(tenants)]
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), reqs=reqs,
                             req_pool_indices=torch.tensor(list(slots)))
     write_prefill_history(step, batch, torch.arange(4, 4 + len(reqs), dtype=torch.int32), "cpu")

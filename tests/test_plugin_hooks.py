@@ -20,6 +20,13 @@ def test_a_changed_host_api_is_reported(monkeypatch):
     assert any("NoSuchWorker" in p and "missing" in p for p in problems)
 
 
+def test_a_renamed_tenant_field_of_req_is_reported(monkeypatch):
+    """tenant_id reads Req's extra_key / cache_salt / routing_key with getattr: a rename must fail the check, not
+    make every request tenant 0."""
+    monkeypatch.setattr(hooks, "REQ_TENANT_FIELDS", hooks.REQ_TENANT_FIELDS + ("tenant_label",))
+    assert any("Req.__init__ lacks parameters ['tenant_label']" in p for p in hooks.check_host_api())
+
+
 def _declared_names():
     return {a.target.split(":")[1].split(".")[-1] for a in hooks.HOST_ATTRS}
 

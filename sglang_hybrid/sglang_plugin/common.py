@@ -42,10 +42,12 @@ def write_prefill_history(hybrid: HybridStep, batch, next_token_ids: torch.Tenso
     for i, r in enumerate(rows):
         prompt[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
     lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
-    note_prefill(batch.reqs)
     tenant = None
     if hybrid.tracks_tenant:  # the corpus per tenant, or fairness between tenants
-        tenant = torch.tensor([tenant_id(r) for r in batch.reqs], dtype=torch.int32).to(device, non_blocking=True)
+        ids = [tenant_id(r, hybrid.cfg.tenant_key) for r in batch.reqs]
+        tenant = torch.tensor(ids, dtype=torch.int32).to(device, non_blocking=True)
+        hybrid.note_tenants(ids)
+    note_prefill(batch.reqs)
     hybrid.on_prefill(
         batch.req_pool_indices,
         prompt.to(device, non_blocking=True),
@@ -55,14 +57,19 @@ def write_prefill_history(hybrid: HybridStep, batch, next_token_ids: torch.Tenso
     )
 
 
-def tenant_id(req) -> int:
-    """The tenant of an SGLang ``Req`` (the corpus's, and the fairness weights' with ``fairness_scope`` tenant):
-    what isolates its prefix cache, i.e. ``extra_key`` (SGLang appends the LoRA id to it) and ``cache_salt``,
-    hashed (CRC-32) to 31 bits; a request with neither is tenant 0."""
+def tenant_id(req, key: str = "cache") -> int:
+    """The tenant of an SGLang ``Req`` (the corpus's, and the fairness weights' with ``fairness_scope`` tenant),
+    named by option ``tenant_key``: ``"cache"``, what isolates its prefix cache (``extra_key``, to which SGLang
+    appends the LoRA id, and ``cache_salt``); ``"routing_key"``, SGLang's routing key (the ``x-smg-routing-key``
+    header of the OpenAI API, ``routing_key`` of ``/generate``); or ``"cache+routing_key"``, both. The fields are
+    hashed (CRC-32) to 31 bits; a request with none of them set is tenant 0."""
     import zlib
 
-    key = getattr(req, "extra_key", None) or ""
-    salt = getattr(req, "cache_salt", None) or ""
-    if not key and not salt:
+    parts = []
+    if key in ("cache", "cache+routing_key"):
+        parts += [getattr(req, "extra_key", None) or "", getattr(req, "cache_salt", None) or ""]
+    if key in ("routing_key", "cache+routing_key"):
+        parts.append(getattr(req, "routing_key", None) or "")
+    if not any(parts):
         return 0
-    return zlib.crc32(f"{key}\x00{salt}".encode("utf-8")) & 0x7FFFFFFF
+    return zlib.crc32("\x00".join(parts).encode("utf-8")) & 0x7FFFFFFF

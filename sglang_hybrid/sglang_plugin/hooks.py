@@ -154,6 +154,10 @@ VERIFY_INPUT_FIELDS = ("draft_token", "retrieve_next_token", "spec_steps", "topk
 DSPARK_PROPOSAL_FIELDS = ("draft_block", "confidence", "folded", "verify_ids")
 DSPARK_BLOCK_FIELDS = ("draft_tokens", "corrected_logits", "greedy_draft")
 RESULT_FIELDS = ("next_token_ids", "accept_lens", "cap_lens")
+# Fields of the scheduler's Req that name a request's tenant (common.tenant_id, option tenant_key): parameters of
+# Req.__init__ stored under the same names. tenant_id reads them with getattr, so a rename would silently make
+# every request tenant 0; checked here instead.
+REQ_TENANT_FIELDS = ("extra_key", "cache_salt", "routing_key")
 
 
 def check_host_api() -> list[str]:
@@ -195,6 +199,14 @@ def check_host_api() -> list[str]:
             problems.append(f"GenerationBatchResult lacks fields {missing}")
     except Exception as e:  # noqa: BLE001
         problems.append(f"DSpark proposal / GenerationBatchResult: {type(e).__name__}: {e}")
+    try:
+        from sglang.srt.managers.schedule_batch import Req
+
+        missing = [f for f in REQ_TENANT_FIELDS if f not in inspect.signature(Req.__init__).parameters]
+        if missing:
+            problems.append(f"Req.__init__ lacks parameters {missing} (the tenant of option tenant_key)")
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"Req: {type(e).__name__}: {e}")
     return problems
 
 

@@ -210,9 +210,10 @@ _register_dspark("hybrid_dspark_compact_no_ngram", "HYBRID_SPARK", "compact",
 _register_dspark("hybrid_dspark_static", "HYBRID_SPARK", "static", env=(_GUARD,),
                  kwargs=(("chunked_prefill_size", 16),))
 # cap-accept also runs the fairness weights (selection/fairness.py), which reach DSpark's planner confidences,
-# between tenants (the tests send two cache_salts).
+# between tenants named by cache salt and routing key together (the tests send both).
 _register_dspark("hybrid_dspark_cap", "HYBRID_SPARK", "cap-accept",
-                 env=(_GUARD, ("SGLANG_HYBRID_FAIRNESS", "1"), ("SGLANG_HYBRID_FAIRNESS_SCOPE", "tenant")))
+                 env=(_GUARD, ("SGLANG_HYBRID_FAIRNESS", "1"), ("SGLANG_HYBRID_FAIRNESS_SCOPE", "tenant"),
+                      ("SGLANG_HYBRID_TENANT_KEY", "cache+routing_key")))
 # compact also runs the cross-request corpus (shared, a 64Ki-entry table) and the 2-D SPS price (the roofline
 # model, rewritten each step for the batch's context): the lossless suite covers both there.
 _register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact",
@@ -232,12 +233,31 @@ LOSSLESS_SPEC_CONFIGS: List[str] = [
 
 
 def host_generate(engine: Any, input_ids: List[List[int]], sampling_params: List[Dict[str, Any]],
-                  cache_salt: Optional[List[str]] = None) -> List[dict]:
+                  cache_salt: Optional[List[str]] = None, routing_key: Optional[List[Optional[str]]] = None
+                  ) -> List[dict]:
     """``engine.generate`` on a batch of token-id prompts (``cache_salt``: per request, SGLang's prefix-cache salt,
-    which is also the plugin's tenant); returns the output dicts in request order."""
-    kw = {} if cache_salt is None else {"cache_salt": cache_salt}
-    out = engine.generate(input_ids=input_ids, sampling_params=sampling_params, **kw)
-    return out if isinstance(out, list) else [out]
+    which is also the plugin's tenant); returns the output dicts in request order.
+
+    ``routing_key`` (per request, SGLang's routing key, as the ``x-smg-routing-key`` header sets it): sent as one
+    concurrent ``GenerateReqInput`` per request, since ``Engine.generate`` takes no routing key and SGLang drops it
+    when it splits a batched input into its requests."""
+    if routing_key is None:
+        kw = {} if cache_salt is None else {"cache_salt": cache_salt}
+        out = engine.generate(input_ids=input_ids, sampling_params=sampling_params, **kw)
+        return out if isinstance(out, list) else [out]
+    import asyncio
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    async def one(i: int) -> dict:
+        obj = GenerateReqInput(input_ids=input_ids[i], sampling_params=sampling_params[i], routing_key=routing_key[i],
+                               cache_salt=None if cache_salt is None else cache_salt[i])
+        return await engine.tokenizer_manager.generate_request(obj, None).__anext__()
+
+    async def run() -> List[dict]:
+        return list(await asyncio.gather(*(one(i) for i in range(len(input_ids)))))
+
+    return engine.loop.run_until_complete(run())
 
 
 def host_generate_with_abort(
@@ -405,15 +425,15 @@ class EngineHandle:
 
     def generate(
         self, input_ids: List[List[int]], sampling_params: List[Dict[str, Any]] | Dict[str, Any],
-        cache_salt: Optional[List[str]] = None,
+        cache_salt: Optional[List[str]] = None, routing_key: Optional[List[Optional[str]]] = None,
     ) -> List[dict]:
         """Generate for a batch of token-id prompts (one sampling-params dict per prompt, or one for all;
-        ``cache_salt``: one per prompt, the plugin's tenant)."""
+        ``cache_salt`` / ``routing_key``: one per prompt, what names the plugin's tenant)."""
         if isinstance(sampling_params, dict):
             sampling_params = [dict(sampling_params) for _ in input_ids]
         if len(sampling_params) != len(input_ids):
             raise ValueError(f"{len(input_ids)} prompts but {len(sampling_params)} sampling_params")
-        return self.call(host_generate, input_ids, sampling_params, cache_salt)
+        return self.call(host_generate, input_ids, sampling_params, cache_salt, routing_key)
 
     def generate_with_abort(
         self,

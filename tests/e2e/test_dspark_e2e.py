@@ -67,6 +67,23 @@ def test_static_and_cap_accept_greedy_equals_reference(engine_pool, prompts, hf_
     assert info["internal_states"][0]["hybrid_spark"]["fairness_scope"] == ("tenant" if mode == "cap-accept" else "")
 
 
+def test_routing_keys_and_salts_name_the_tenants_through_sglang(engine_pool, prompts, hf_reference):
+    """cap-accept names tenants by (cache salt, routing key) (tenant_key cache+routing_key): four concurrent
+    requests with three distinct pairs are served losslessly and the worker counts three new tenants at prefill,
+    so each request's routing key reached the scheduler's Req and the step."""
+    engine = engine_pool.get("hybrid_dspark_cap")
+    before = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    assert before["tenant_key"] == "cache+routing_key"
+    rows = [5, 2, 8, 4]
+    sps = [_greedy(9) for _ in rows]
+    salt = ["rk-a", "rk-a", "", "rk-a"]
+    keys = ["rk-chat", "rk-code", "rk-chat", "rk-chat"]  # the first and the last are one tenant
+    outputs = engine.generate([prompts[i] for i in rows], sps, cache_salt=salt, routing_key=keys)
+    check_greedy(outputs, [hf_reference[i] for i in rows], sps)
+    after = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    assert after["tenants_seen"] - before["tenants_seen"] == 3, (before["tenants_seen"], after["tenants_seen"])
+
+
 def test_radix_prefix_reuse_and_slot_reuse_stay_lossless(engine_pool, tiny_models, prompts, hf_reference):
     engine = engine_pool.get("hybrid_dspark_static")
     long = prompts[5]  # 40 tokens, prefilled in 16-token chunks
