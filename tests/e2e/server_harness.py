@@ -240,11 +240,12 @@ class Server:
 
     # -- HTTP -----------------------------------------------------------------------------------------------
     def request(
-        self, method: str, path: str, body: Optional[dict] = None, timeout_s: float = 300.0
+        self, method: str, path: str, body: Optional[dict] = None, timeout_s: float = 300.0,
+        headers: Optional[Dict[str, str]] = None,
     ) -> Tuple[int, Any]:
         """One HTTP request; returns (status, parsed JSON or text). 4xx / 5xx are returned, not raised."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=dict(headers or {}))
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -253,9 +254,10 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code, _parse(e.read())
 
-    def post(self, path: str, body: dict, timeout_s: float = 300.0) -> Any:
-        """POST JSON; returns the parsed answer (raises :class:`ServerError` unless 200)."""
-        status, out = self.request("POST", path, body, timeout_s)
+    def post(self, path: str, body: dict, timeout_s: float = 300.0, headers: Optional[Dict[str, str]] = None) -> Any:
+        """POST JSON (with extra HTTP ``headers``); returns the parsed answer (raises :class:`ServerError` unless
+        200)."""
+        status, out = self.request("POST", path, body, timeout_s, headers)
         if status != 200:
             raise ServerError(f"POST {path} -> {status}: {out}")
         return out

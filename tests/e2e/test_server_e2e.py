@@ -27,9 +27,13 @@ pytestmark = pytest.mark.e2e
 GUARD = ("SGLANG_HYBRID_SYNC_GUARD", "1")  # any host read inside the HYBRID_SPARK decode step raises
 PLAIN = ServerConfig("plain")
 LOG_INTERVAL = 10  # --decode-log-interval: SGLang refreshes its spec gauges every this many decode batches
+# The HYBRID_SPARK server also runs the cross-request corpus per tenant (a 4Ki-entry table), its tenants named by
+# cache salt and routing key together (option tenant_key): every test below serves through it.
+TENANT_ENV = (("SGLANG_HYBRID_CORPUS", "tenant"), ("SGLANG_HYBRID_CORPUS_ENTRIES", "4096"),
+              ("SGLANG_HYBRID_TENANT_KEY", "cache+routing_key"))
 HYBRID = ServerConfig(
     "hybrid_spark", algorithm="HYBRID_SPARK", draft="standalone",
-    kwargs=(("enable_metrics", True), ("decode_log_interval", LOG_INTERVAL)), env=(GUARD,),
+    kwargs=(("enable_metrics", True), ("decode_log_interval", LOG_INTERVAL)), env=(GUARD,) + TENANT_ENV,
 )
 
 # Text prompts; the tiny target is close to a bigram model, so its greedy outputs fall into cycles that the
@@ -153,6 +157,26 @@ def test_chat_completions_with_the_template(plain, hybrid):
     assert out["usage"]["completion_tokens"] == 8
     # the template was applied: the prompt holds the roles and the generation prompt
     assert out["usage"]["prompt_tokens"] > len("def add(a, b):") // 8
+
+
+def test_routing_key_header_and_field_name_the_tenant(plain, hybrid):
+    """SGLang's routing key reaches the plugin's tenant through the OpenAI API (the x-smg-routing-key header) and
+    /generate (its routing_key field), with and without a cache salt: outputs equal the plain server's, and the
+    worker counts one new tenant per distinct (salt, routing key) pair at prefill."""
+    before = hybrid.internal_state()["hybrid_spark"]
+    assert before["tenant_key"] == "cache+routing_key"
+    body = dict(prompt=PROMPTS[1], max_tokens=MAX_NEW, temperature=0, ignore_eos=True, return_token_ids=True)
+    ref = plain.post("/v1/completions", body)["choices"][0]["token_ids"]
+    for key in ("srv-chat", "srv-code", "srv-chat"):
+        out = hybrid.post("/v1/completions", body, headers={"x-smg-routing-key": key})["choices"][0]
+        assert out["token_ids"] == ref
+    ref = _generate(plain, PROMPTS[2], _greedy())["output_ids"]
+    for extra in ({"routing_key": "srv-code"}, {"routing_key": "srv-code", "cache_salt": "srv-salt"}):
+        out = hybrid.post("/generate", dict({"text": PROMPTS[2], "sampling_params": _greedy()}, **extra))
+        assert out["output_ids"] == ref
+    after = hybrid.internal_state()["hybrid_spark"]
+    # srv-chat, srv-code, and (srv-salt, srv-code); the repeats are tenants already seen
+    assert after["tenants_seen"] - before["tenants_seen"] == 3, (before["tenants_seen"], after["tenants_seen"])
 
 
 def test_sixteen_concurrent_requests_equal_the_same_sent_one_by_one(hybrid):
