@@ -270,12 +270,14 @@ def test_bad_requests_get_a_4xx_with_a_message_and_the_server_keeps_serving(hybr
     assert hybrid.get("/health") is not None
 
 
-def _bench(srv: Server, tiny_models, backend: str, out_file: str, num: int = 4) -> dict:
+RANDOM_IDS = ("--dataset-name", "random-ids", "--random-input-len", "16", "--random-output-len", "6",
+              "--random-range-ratio", "1.0")
+
+
+def _bench(srv: Server, tiny_models, backend: str, out_file: str, num: int = 4, dataset=RANDOM_IDS) -> dict:
     argv = [
         sys.executable, "-m", "sglang.benchmark.serving", "--backend", backend, "--host", HOST,
-        "--port", str(srv.port), "--dataset-name", "random-ids", "--num-prompts", str(num),
-        "--random-input-len", "16", "--random-output-len", "6", "--random-range-ratio", "1.0",
-        "--tokenizer", tiny_models.tokenizer, "--model", tiny_models.target, "--output-file", out_file,
+        "--port", str(srv.port), *dataset, "--num-prompts", str(num), "--tokenizer", tiny_models.tokenizer, "--model", tiny_models.target, "--output-file", out_file,
         "--request-rate", "inf", "--seed", "1", "--disable-tqdm", "--ready-check-timeout-sec", "30",
         "--warmup-requests", "0",
     ]
@@ -309,6 +311,19 @@ def test_sglang_bench_serving_completes_and_reports_the_servers_accept_length(
     printed = re.search(r"Accept length:\s+([0-9.]+)", res["_stdout"])
     assert printed, res["_stdout"][-2000:]
     assert float(printed.group(1)) == pytest.approx(res["accept_length"], abs=0.006)  # printed with 2 decimals
+
+
+def test_bench_serving_routing_keys_become_tenants(tiny_models, hybrid, tmp_path):
+    """SGLang's bench_serving on its shared-prefix dataset with --gsp-send-routing-key (one routing key per
+    system-prompt group, sent as the x-smg-routing-key header by the OpenAI backend): every request completes and
+    each group is one new tenant of the worker (tenant_key cache+routing_key)."""
+    gsp = ("--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2", "--gsp-prompts-per-group", "2",
+           "--gsp-system-prompt-len", "12", "--gsp-question-len", "6", "--gsp-output-len", "4",
+           "--gsp-send-routing-key")
+    before = hybrid.internal_state()["hybrid_spark"]["tenants_seen"]
+    res = _bench(hybrid, tiny_models, "sglang-oai", str(tmp_path / "gsp.jsonl"), dataset=gsp)
+    assert res["completed"] == 4, {k: v for k, v in res.items() if k != "_stdout"}
+    assert hybrid.internal_state()["hybrid_spark"]["tenants_seen"] - before == 2
 
 
 def test_server_info_and_prometheus_carry_the_speculative_metrics(hybrid):
