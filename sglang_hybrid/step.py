@@ -209,9 +209,9 @@ class HybridStep:
             self.ctail.reset(slots)
         if self.corpus is not None:
             self.corpus_cand.reset(slots)
-        if self.corpus is not None or self.tracks_tenant:
+        if self.tracks_tenant:  # elsewhere nothing reads slot_tenant (a "shared" corpus reads every id as 0)
             s = slots.to(torch.int64)
-            if tenant is None or not self.tracks_tenant:
+            if tenant is None:
                 self.slot_tenant.index_fill_(0, s, 0)
             else:
                 self.slot_tenant.index_copy_(0, s, tenant.to(device=self.device, dtype=torch.int32))
@@ -227,6 +227,15 @@ class HybridStep:
             self._tenants_seen.add(int(t))
 
     # ---- decode step --------------------------------------------------------------------------------
+    def _batch_tenant(self, slots: torch.Tensor) -> Optional[torch.Tensor]:
+        """The requests' tenant ids (a view of a preallocated buffer), or None where nothing reads tenants (the
+        corpus then reads tenant 0, as a "shared" corpus reads every id)."""
+        if not self.tracks_tenant:
+            return None
+        ten = self._tenant[: slots.shape[0]]
+        torch.index_select(self.slot_tenant, 0, slots, out=ten)
+        return ten
+
     def _budget(self, bs: int) -> Optional[torch.Tensor]:
         if self.sps_dense is not None:
             return None
@@ -265,10 +274,7 @@ class HybridStep:
                 mcond = model_confidence if model_confidence is not None else self.model_cond.expand(bs, -1)
                 self.agreement.apply(draft.tokens, draft.length, q, ngram_surv, model_tokens, mcond)
             ngram_tokens, ngram_len = draft.tokens, draft.length
-            ten = None  # the requests' tenant ids, read once for the corpus and the fairness weights
-            if self.corpus is not None or self.tracks_tenant:
-                ten = self._tenant[:bs]
-                torch.index_select(self.slot_tenant, 0, slots, out=ten)
+            ten = self._batch_tenant(slots)  # read once for the corpus and the fairness weights
             if self.corpus is not None:
                 cdraft = self.corpus.lookup(self.history, slots, ten)
                 cq, csurv = self.corpus_cand.price(slots, cdraft)
@@ -389,9 +395,7 @@ class HybridStep:
             if self.tail is not None:
                 self.tail.update(slots, committed, accept_lens, proposal.choice, vlen, corpus=self.ctail)
             if self.corpus is not None:
-                ten = self._tenant[: slots.shape[0]]
-                torch.index_select(self.slot_tenant, 0, slots, out=ten)
-                self.corpus.insert(self.history, slots, accept_lens, ten)
+                self.corpus.insert(self.history, slots, accept_lens, self._batch_tenant(slots))
                 self.corpus_cand.update(slots, committed, accept_lens, proposal.choice)
             self.stats.update(slots, vlen, proposal.choice, accept_lens)
             if self.fair is not None:  # the chain each request verified, as the selection saw it
