@@ -36,8 +36,8 @@ batch with the same tenant id, ``weights(slots, tenant)``): ``x`` of a request i
 hybrid seconds) / (sum e / sum DSpark seconds)`` over the tenant's requests in the batch that have a verify step
 (a tenant with none takes the mean ``x`` of the batch's requests that have one), and the rest is as above. Requests
 of one tenant get one weight, so traffic of one tenant runs exactly as with ``fairness`` 0, and an operator who
-gives each traffic class its own tenant (SGLang's ``extra_key`` or ``cache_salt``) keeps chat at DSpark's speed
-beside code edits without taxing either on its own.
+gives each traffic class its own tenant (option ``tenant_key``: SGLang's cache key or routing key) keeps chat at
+DSpark's speed beside code edits without taxing either on its own.
 
 Decode-step rules: every method writes only into buffers made at construction (``plan``'s selection too, on a GPU:
 the Triton kernel needs no scratch memory), never reads the device on the host and never branches on device
