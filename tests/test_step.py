@@ -340,3 +340,27 @@ def test_model_tail_is_scored_only_where_the_whole_model_chain_was_committed():
     m = step.metrics()
     assert int(prop.verify_len[0]) > GAMMA and int(prop.verify_len[1]) > GAMMA
     assert (m["model_tail_tokens"], m["tail_chosen"], m["accepted_tail"]) == (10 - GAMMA, 2, 3 + 2)
+
+
+def test_prefill_hook_rebuilds_a_retracted_requests_history_from_prompt_and_output():
+    """SGLang re-prefills a retracted request with its prompt plus the output it had produced (``Req.output_ids``
+    kept); the workers' prefill hook must start the history row from both, then the new sampled token, keeping the
+    newest ``width`` tokens of a longer row. A row built from the prompt alone would draft nothing for it."""
+    from types import SimpleNamespace
+
+    from sglang_hybrid.ngram.config import NgramConfig
+    from sglang_hybrid.sglang_plugin.common import write_prefill_history
+
+    step = HybridStep(HybridConfig(), num_slots=4, width=16, gamma=GAMMA, max_bs=4, device="cpu")
+    fresh = SimpleNamespace(origin_input_ids=[40, 41, 42], output_ids=[])
+    retracted = SimpleNamespace(origin_input_ids=[5, 6, 7, 8, 9], output_ids=[30, 31, 32, 5, 6])
+    long = SimpleNamespace(origin_input_ids=list(range(100, 120)), output_ids=[60, 61, 100, 101])  # 24 > width 16
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False), reqs=[fresh, retracted, long],
+                            req_pool_indices=torch.tensor([0, 2, 3]))
+    write_prefill_history(step, batch, torch.tensor([43, 7, 102], dtype=torch.int32), "cpu")
+    assert step.history.lens[[0, 2, 3]].tolist() == [4, 11, 17]  # lengths count every token written
+    draft = step.history.lookup(torch.tensor([0, 2, 3]), NgramConfig(n_min=2, n_max=4, max_draft=4))
+    assert draft.tokens[1].tolist() == [8, 9, 30, 31] and int(draft.length[1]) == 4  # after "5 6 7"
+    # The long row keeps its newest 16 tokens (109..119 60 61 100 101 102): the prompt's "100 101 102" fell off the
+    # ring, so nothing is drafted; the fresh row has no repeat either.
+    assert draft.length[[0, 2]].tolist() == [0, 0]

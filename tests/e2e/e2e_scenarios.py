@@ -225,3 +225,18 @@ def repeats(ids: Sequence[int], n: int = 3) -> bool:
 def repeating_rows(prompts: List[List[int]], reference: List[List[int]], max_new: int, n: int = 3) -> List[int]:
     """Indices of the prompts whose text plus the first ``max_new`` reference tokens repeat an ``n``-gram."""
     return [i for i, (p, r) in enumerate(zip(prompts, reference)) if repeats(list(p) + list(r[:max_new]), n)]
+
+
+def check_retraction(engine, prompts: List[List[int]], reference: List[List[int]], rows: List[int], max_new: int) -> None:
+    """On an engine that runs SGLang's retraction test switch (``SGLANG_TEST_RETRACT``): greedy requests that SGLang
+    retracts and re-prefills (prompt plus output so far) end equal to their references; some retraction happened;
+    the n-gram chain was still chosen and accepted; and the engine goes on serving."""
+    sps = [dict(temperature=0, max_new_tokens=max_new, ignore_eos=True) for _ in rows]
+    outputs = engine.generate([prompts[i] for i in rows], sps)
+    check_greedy(outputs, [reference[i] for i in rows], sps)
+    retractions = [o["meta_info"].get("num_retractions", 0) for o in outputs]
+    assert sum(retractions) >= 2, f"SGLang should have retracted some requests: {retractions}"
+    server = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    assert server["accepted_ngram"] > 0 and server["ngram_chosen"] > 0, server
+    again = engine.generate([prompts[rows[0]]], sps[:1])
+    check_greedy(again, [reference[rows[0]]], sps[:1])

@@ -220,6 +220,22 @@ _register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact",
                  env=(_GUARD, _WARMUP, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
                       ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 16)), ("SGLANG_HYBRID_SPS2D_TABLE", "roofline")))
 
+# Retraction: SGLang's own test switch (SGLANG_TEST_RETRACT) retracts a decoding request every third forward step,
+# as a full KV pool would; it comes back through a prefill of its prompt plus its output so far. On DSpark (compact,
+# the corpus on, so a retracted request's output is inserted across its lives) and on the EAGLE-family worker's
+# wide window.
+_RETRACT = (("SGLANG_TEST_RETRACT", "1"), ("SGLANG_TEST_RETRACT_INTERVAL", "3"))
+_register_dspark("hybrid_dspark_retract", "HYBRID_SPARK", "compact",
+                 env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
+                      ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 12))) + _RETRACT)
+register_config(
+    EngineConfig(
+        "hybrid_spark_retract", algorithm="HYBRID_SPARK", draft="standalone",
+        engine_kwargs=(("speculative_num_steps", 2), ("speculative_num_draft_tokens", None)),
+        env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7")) + _RETRACT,
+    )
+)
+
 LOSSLESS_SPEC_CONFIGS: List[str] = [
     "standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3", "hybrid_spark_wide",
     "hybrid_dspark_compact",

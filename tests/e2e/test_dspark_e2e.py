@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import List
 
 import pytest
-from e2e_scenarios import check_greedy, hf_greedy, repeating_rows
+from e2e_scenarios import check_greedy, check_retraction, hf_greedy, repeating_rows
 from engine_harness import DSPARK_GAMMA
 
 pytestmark = pytest.mark.e2e
@@ -169,3 +169,10 @@ def test_corpus_drafts_a_request_from_an_earlier_ones_output(engine_pool, prompt
     assert after["model_tail_tokens"] == 4 and after["corpus_tail_chosen"] >= before["corpus_tail_chosen"] >= 0
     steps = [sum(o["meta_info"]["spec_verify_ct"] for o in out) for out in (first, second)]
     assert steps[1] < steps[0], f"the second round should take fewer verify steps: {steps}"
+
+
+def test_retracted_requests_come_back_losslessly(engine_pool, prompts, hf_reference):
+    """SGLang retracts decoding requests when the KV pool is full (SGLANG_TEST_RETRACT forces it every third step)
+    and re-prefills them with prompt plus output so far: outputs stay equal to the reference (e2e_scenarios)."""
+    rows = _repeating_rows(prompts, hf_reference)[:2] + [0, 1, 3, 6]
+    check_retraction(engine_pool.get("hybrid_dspark_retract"), prompts, hf_reference, rows, MAX_NEW)

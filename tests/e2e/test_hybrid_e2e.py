@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import List
 
 import pytest
-from e2e_scenarios import check_greedy, repeating_rows
+from e2e_scenarios import check_greedy, check_retraction, repeating_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -86,3 +86,9 @@ def test_window_narrows_above_the_batch_threshold_and_stays_lossless(engine_pool
     # Batches of 1 and 2 never narrow; batches of 4 and 6 start narrow (and widen again as requests finish).
     assert narrow[0] == 0 and narrow[1] > 0 and narrow[2] == narrow[1] and narrow[3] > narrow[2], narrow
     assert server["window_switches"] >= 4 and server["verify_window_tokens"] == 8, server
+
+
+def test_retracted_requests_come_back_losslessly(engine_pool, prompts, hf_reference):
+    """The EAGLE-family worker (wide window) under SGLang's forced retraction (see ``e2e_scenarios.check_retraction``)."""
+    rows = _repeating_prompts(prompts, hf_reference)[:2] + [0, 1, 3, 6]
+    check_retraction(engine_pool.get("hybrid_spark_retract"), prompts, hf_reference, rows, MAX_NEW)
