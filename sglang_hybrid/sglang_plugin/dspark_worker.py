@@ -20,6 +20,10 @@ Where it hooks in (every attribute is declared in ``hooks.py``):
   elsewhere, in place), which makes the acceptance ``min(1, p_target(x) / 1)``: the target distribution is
   kept (the same argument as for EAGLE's deterministic chains). Greedy drafts (``greedy_draft``) are one-hot
   already.
+* Penalties: SGLang 0.5.23's DSpark verify applies neither the sampling penalties nor ``logit_bias`` after a
+  request's first token (it never accumulates the output tokens into the penalizers, and its check looks for
+  DFlash's ``acc_linear_penalties``). The merge counts the steps whose batch carries them and warns once; fixing it
+  would need the penalizers' per-step accumulation, which is SGLang's.
 * ``_forward_prefill``: after SGLang's prefill, each request's prompt starts its token-history row.
 * ``_forward_decode``: after SGLang's step, the committed tokens (``next_token_ids``, accepted drafts and bonus at
   the front of each row) are appended to the history and the counters updated, on the device.
@@ -45,6 +49,7 @@ from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWork
 from ..step import HybridStep, Proposal
 from .common import load_options, load_sps2d, write_prefill_history
 from .dspark_args import check_sps_table, model_chain_gamma
+from .hooks import SAMPLING_PENALTY_FIELDS, SUPPORTED_SGLANG
 
 logger = logging.getLogger("sglang_hybrid")
 
@@ -62,6 +67,18 @@ class HybridProposer:
     def propose(self, **kwargs: Any):
         proposal = self._inner.propose(**kwargs)
         return self._worker._hybrid_merge(kwargs["batch"], proposal, kwargs.get("sampling_info"))
+
+
+def carries_penalties(sampling_info: Any) -> bool:
+    """Whether a decode batch carries sampling penalties or a logit bias: which of ``SamplingBatchInfo``'s tensors
+    exist (the overlap scheduler's accumulated penalties, the bias) or its penalizer's host flag; reads no tensor
+    data, so no sync."""
+    if sampling_info is None:
+        return False
+    if any(getattr(sampling_info, f, None) is not None for f in SAMPLING_PENALTY_FIELDS):
+        return True
+    orchestrator = getattr(sampling_info, "penalizer_orchestrator", None)
+    return bool(orchestrator is not None and orchestrator.is_required)
 
 
 def _sps_table_for_selection(mode: str, path: Optional[str], max_batch_tokens: int):
@@ -89,6 +106,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
         self.hybrid = None
         self._hybrid_pending: Optional[Proposal] = None
         self._hybrid_last_budget: Optional[int] = None
+        self._hybrid_penalty_steps = 0
         if self._hosts_draft:
             self._proposer = HybridProposer(self._proposer, self)
             self._model_gamma = model_chain_gamma(server_args, int(self.gamma))
@@ -161,6 +179,8 @@ class HybridDSparkWorker(DSparkWorkerV2):
         hy = self.hybrid
         if hy is None:
             return proposal
+        if carries_penalties(sampling_info):
+            self._hybrid_note_penalties()
         block = proposal.draft_block
         tokens = block.draft_tokens  # [bs, window]
         bs, g = tokens.shape
@@ -193,6 +213,17 @@ class HybridDSparkWorker(DSparkWorkerV2):
             verify_ids=None,
             folded=False,
         )
+
+    def _hybrid_note_penalties(self) -> None:
+        """Count (metric ``penalty_steps_unapplied``) and, once, warn: DSpark's verify drops the batch's penalties."""
+        self._hybrid_penalty_steps += 1
+        if self._hybrid_penalty_steps == 1:
+            logger.warning(
+                "HYBRID_SPARK (DSpark): a batch carries sampling penalties (frequency, presence, repetition, "
+                "min_new_tokens) or a logit_bias. SGLang %s's DSpark verify does not apply them after a request's "
+                "first token (its own DSPARK neither), so these requests decode as if they were unset; SGLang "
+                "applies them (relaxed) with an EAGLE-family draft. Counted in metric penalty_steps_unapplied.",
+                SUPPORTED_SGLANG)
 
     def _one_hot_ngram_rows(self, logits: torch.Tensor, tokens: torch.Tensor, choice: torch.Tensor) -> None:
         """Draft logits of the n-gram tokens: one-hot at their tokens (in place, no allocation beyond a gather
@@ -243,6 +274,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
             "drafter": "dspark",
             "verify_mode": self._verify_planner.mode_value,
             "verify_token_budget": self._hybrid_last_budget,
+            "penalty_steps_unapplied": self._hybrid_penalty_steps,
         }
 
     def hybrid_metrics(self) -> dict:

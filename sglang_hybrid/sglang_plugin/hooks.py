@@ -158,6 +158,9 @@ RESULT_FIELDS = ("next_token_ids", "accept_lens", "cap_lens")
 # Req.__init__ stored under the same names. tenant_id reads them with getattr, so a rename would silently make
 # every request tenant 0; checked here instead.
 REQ_TENANT_FIELDS = ("extra_key", "cache_salt", "routing_key")
+# Fields of SamplingBatchInfo that say a DSpark batch carries penalties or a logit bias (dspark_worker.py:
+# carries_penalties reads them with getattr, so a rename would silently hide them; checked here instead).
+SAMPLING_PENALTY_FIELDS = ("acc_additive_penalties", "acc_scaling_penalties", "logit_bias")
 
 
 def check_host_api() -> list[str]:
@@ -199,6 +202,15 @@ def check_host_api() -> list[str]:
             problems.append(f"GenerationBatchResult lacks fields {missing}")
     except Exception as e:  # noqa: BLE001
         problems.append(f"DSpark proposal / GenerationBatchResult: {type(e).__name__}: {e}")
+    try:
+        from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+        missing = [f for f in SAMPLING_PENALTY_FIELDS + ("penalizer_orchestrator",)
+                   if f not in SamplingBatchInfo.__dataclass_fields__]
+        if missing:
+            problems.append(f"SamplingBatchInfo lacks fields {missing} (dspark_worker.carries_penalties)")
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"SamplingBatchInfo: {type(e).__name__}: {e}")
     try:
         from sglang.srt.managers.schedule_batch import Req
 

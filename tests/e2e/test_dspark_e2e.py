@@ -171,6 +171,26 @@ def test_corpus_drafts_a_request_from_an_earlier_ones_output(engine_pool, prompt
     assert steps[1] < steps[0], f"the second round should take fewer verify steps: {steps}"
 
 
+def test_penalised_requests_are_counted_and_leave_the_rest_of_the_batch_lossless(engine_pool, prompts, hf_reference):
+    """SGLang 0.5.23's DSpark verify applies no sampling penalties after a request's first token (its own DSPARK
+    neither: it never accumulates output tokens into the penalizers). HYBRID_SPARK on DSpark counts such steps (metric
+    ``penalty_steps_unapplied``, with a warning), the penalised requests decode as if unpenalised, and the requests
+    beside them stay equal to their references. If this starts failing on the penalised outputs, SGLang applies
+    penalties now: update README (Limits) and this test."""
+    engine = engine_pool.get("hybrid_dspark_compact")
+    before = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps_unapplied"]
+    rows = [0, 1, 2, 3]
+    sps = [dict(_greedy(MAX_NEW), repetition_penalty=1.5), dict(_greedy(MAX_NEW), frequency_penalty=0.8),
+           _greedy(MAX_NEW), _greedy(MAX_NEW)]
+    outputs = engine.generate([prompts[i] for i in rows], sps)
+    check_greedy(outputs, [hf_reference[i] for i in rows], sps)
+    after = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps_unapplied"]
+    assert after - before >= MAX_NEW // (DSPARK_GAMMA + 5), (before, after)  # at least the steps to 32 tokens
+    unpenalised = engine.generate([prompts[i] for i in rows[2:]], sps[2:])
+    check_greedy(unpenalised, [hf_reference[i] for i in rows[2:]], sps[2:])
+    final = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps_unapplied"]
+    assert final == after, "a batch without penalties was counted"
+
 def test_retracted_requests_come_back_losslessly(engine_pool, prompts, hf_reference):
     """SGLang retracts decoding requests when the KV pool is full (SGLANG_TEST_RETRACT forces it every third step)
     and re-prefills them with prompt plus output so far: outputs stay equal to the reference (e2e_scenarios)."""
