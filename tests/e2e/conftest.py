@@ -21,7 +21,15 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from e2e_sampling import SamplingCase, pick_sampling_case  # noqa: E402
-from e2e_scenarios import StopCase, hf_greedy, make_prompts, stop_case  # noqa: E402
+from e2e_scenarios import (  # noqa: E402
+    LOGPROB_MAX_NEW,
+    LOGPROB_ROWS,
+    LOGPROB_TOP,
+    StopCase,
+    hf_greedy,
+    make_prompts,
+    stop_case,
+)
 from engine_harness import EnginePool  # noqa: E402
 from tiny_models import TinyModels, build_tiny_models  # noqa: E402
 
@@ -65,6 +73,13 @@ def stop_batch(tiny_models: TinyModels, prompts, hf_reference) -> StopCase:
 def plain_stop_outputs(engine_pool: EnginePool, stop_batch: StopCase) -> List[dict]:
     """The plain engine's outputs on the stop-condition batch (the reference for the speculative engines)."""
     return engine_pool.get("plain").generate(stop_batch.input_ids, stop_batch.sampling_params)
+
+
+@pytest.fixture(scope="session")
+def plain_logprob_outputs(engine_pool: EnginePool, prompts) -> List[dict]:
+    """The plain engine's greedy outputs with logprobs (the top ``LOGPROB_TOP`` too) on prompts ``LOGPROB_ROWS``."""
+    sp = dict(temperature=0, max_new_tokens=LOGPROB_MAX_NEW, ignore_eos=True)
+    return engine_pool.get("plain").generate([prompts[i] for i in LOGPROB_ROWS], sp, top_logprobs_num=LOGPROB_TOP)
 
 
 @pytest.fixture(scope="session")

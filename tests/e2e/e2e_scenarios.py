@@ -146,6 +146,9 @@ def stop_case(prompts: List[List[int]], reference: List[List[int]], tokenizer) -
     )
 
 
+# The logprob scenario (test_spec_e2e.py): greedy, these prompts, this many tokens, the top logprobs.
+LOGPROB_ROWS, LOGPROB_MAX_NEW, LOGPROB_TOP = (0, 1, 2, 3), 12, 2
+
 ABORT_PROMPTS = (1, 2, 4, 5)
 ABORT_INDEX = 1  # position in the batch of the request that gets aborted
 ABORT_MAX_NEW = 24

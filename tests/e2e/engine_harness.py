@@ -249,16 +249,19 @@ LOSSLESS_SPEC_CONFIGS: List[str] = [
 
 
 def host_generate(engine: Any, input_ids: List[List[int]], sampling_params: List[Dict[str, Any]],
-                  cache_salt: Optional[List[str]] = None, routing_key: Optional[List[Optional[str]]] = None
-                  ) -> List[dict]:
+                  cache_salt: Optional[List[str]] = None, routing_key: Optional[List[Optional[str]]] = None,
+                  top_logprobs_num: Optional[int] = None) -> List[dict]:
     """``engine.generate`` on a batch of token-id prompts (``cache_salt``: per request, SGLang's prefix-cache salt,
-    which is also the plugin's tenant); returns the output dicts in request order.
+    which is also the plugin's tenant); returns the output dicts in request order. ``top_logprobs_num``: also return
+    each output token's logprob and the top ones (``return_logprob``).
 
     ``routing_key`` (per request, SGLang's routing key, as the ``x-smg-routing-key`` header sets it): sent as one
     concurrent ``GenerateReqInput`` per request, since ``Engine.generate`` takes no routing key and SGLang drops it
     when it splits a batched input into its requests."""
     if routing_key is None:
         kw = {} if cache_salt is None else {"cache_salt": cache_salt}
+        if top_logprobs_num is not None:
+            kw.update(return_logprob=True, top_logprobs_num=top_logprobs_num)
         out = engine.generate(input_ids=input_ids, sampling_params=sampling_params, **kw)
         return out if isinstance(out, list) else [out]
     import asyncio
@@ -442,6 +445,7 @@ class EngineHandle:
     def generate(
         self, input_ids: List[List[int]], sampling_params: List[Dict[str, Any]] | Dict[str, Any],
         cache_salt: Optional[List[str]] = None, routing_key: Optional[List[Optional[str]]] = None,
+        top_logprobs_num: Optional[int] = None,
     ) -> List[dict]:
         """Generate for a batch of token-id prompts (one sampling-params dict per prompt, or one for all;
         ``cache_salt`` / ``routing_key``: one per prompt, what names the plugin's tenant)."""
@@ -449,7 +453,9 @@ class EngineHandle:
             sampling_params = [dict(sampling_params) for _ in input_ids]
         if len(sampling_params) != len(input_ids):
             raise ValueError(f"{len(input_ids)} prompts but {len(sampling_params)} sampling_params")
-        return self.call(host_generate, input_ids, sampling_params, cache_salt, routing_key)
+        if routing_key is not None and top_logprobs_num is not None:
+            raise ValueError("routing_key and top_logprobs_num together are not supported by host_generate")
+        return self.call(host_generate, input_ids, sampling_params, cache_salt, routing_key, top_logprobs_num)
 
     def generate_with_abort(
         self,

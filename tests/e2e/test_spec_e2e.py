@@ -14,6 +14,9 @@ import pytest
 from e2e_sampling import chi_square
 from e2e_scenarios import (
     ABORT_INDEX,
+    LOGPROB_MAX_NEW,
+    LOGPROB_ROWS,
+    LOGPROB_TOP,
     ABORT_MAX_NEW,
     ABORT_PROMPTS,
     abort_batch,
@@ -61,6 +64,24 @@ def test_spec_abort_in_the_middle_of_a_batch(engine_pool, spec_config, prompts, 
     input_ids, sps = abort_batch(prompts)
     outputs = engine_pool.get(spec_config).generate_with_abort(input_ids, sps, ABORT_INDEX, abort_after_tokens=3)
     check_abort(outputs, [hf_reference[i] for i in ABORT_PROMPTS], ABORT_INDEX, ABORT_MAX_NEW)
+
+
+def test_spec_logprobs_equal_plain_decoding(engine_pool, spec_config, prompts, plain_logprob_outputs):
+    """``return_logprob`` with the top 2: each output token's logprob and the top tokens equal plain decoding's (the
+    verify computes them from the target's logits at every accepted position, whichever drafter proposed it)."""
+    sp = dict(temperature=0, max_new_tokens=LOGPROB_MAX_NEW, ignore_eos=True)
+    outputs = engine_pool.get(spec_config).generate([prompts[i] for i in LOGPROB_ROWS], sp,
+                                                    top_logprobs_num=LOGPROB_TOP)
+    for i, (out, ref) in enumerate(zip(outputs, plain_logprob_outputs)):
+        assert out["output_ids"] == ref["output_ids"], i
+        ours, theirs = out["meta_info"]["output_token_logprobs"], ref["meta_info"]["output_token_logprobs"]
+        assert [t[1] for t in ours] == [t[1] for t in theirs] == out["output_ids"], i
+        assert max(abs(a[0] - b[0]) for a, b in zip(ours, theirs)) < 1e-4, (i, ours, theirs)
+        tops, ref_tops = out["meta_info"]["output_top_logprobs"], ref["meta_info"]["output_top_logprobs"]
+        assert len(tops) == len(ref_tops) == LOGPROB_MAX_NEW, i
+        for pos, (a, b) in enumerate(zip(tops, ref_tops)):
+            assert [t[1] for t in a] == [t[1] for t in b] and len(a) == LOGPROB_TOP, (i, pos, a, b)
+            assert max(abs(x[0] - y[0]) for x, y in zip(a, b)) < 1e-4, (i, pos, a, b)
 
 
 def test_spec_sampling_follows_target_distribution(engine_pool, spec_config, sampling_case):
