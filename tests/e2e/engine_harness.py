@@ -236,6 +236,12 @@ register_config(
     )
 )
 
+# The scheduler without overlap (--disable-overlap-schedule): the DSpark compact configuration, corpus on.
+_register_dspark("hybrid_dspark_no_overlap", "HYBRID_SPARK", "compact",
+                 env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
+                      ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 12))),
+                 kwargs=(("disable_overlap_schedule", True),))
+
 LOSSLESS_SPEC_CONFIGS: List[str] = [
     "standalone", "eagle3", "hybrid_spark_standalone", "hybrid_spark_eagle3", "hybrid_spark_wide",
     "hybrid_dspark_compact",

@@ -196,3 +196,16 @@ def test_retracted_requests_come_back_losslessly(engine_pool, prompts, hf_refere
     and re-prefills them with prompt plus output so far: outputs stay equal to the reference (e2e_scenarios)."""
     rows = _repeating_rows(prompts, hf_reference)[:2] + [0, 1, 3, 6]
     check_retraction(engine_pool.get("hybrid_dspark_retract"), prompts, hf_reference, rows, MAX_NEW)
+
+
+def test_without_the_overlap_scheduler_output_stays_lossless(engine_pool, prompts, hf_reference):
+    """``--disable-overlap-schedule``: SGLang runs each step's result processing before the next step; the n-gram
+    chains are still chosen and the output equals the reference."""
+    rows = _repeating_rows(prompts, hf_reference)[:2] + [0, 1, 3]
+    engine = engine_pool.get("hybrid_dspark_no_overlap")
+    sps = [_greedy(MAX_NEW) for _ in rows]
+    outputs = engine.generate([prompts[i] for i in rows], sps)
+    check_greedy(outputs, [hf_reference[i] for i in rows], sps)
+    info = engine.server_info()
+    assert info["disable_overlap_schedule"] is True
+    assert info["internal_states"][0]["hybrid_spark"]["ngram_chosen"] > 0
