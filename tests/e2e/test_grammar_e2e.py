@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import regex
-from engine_harness import EngineConfig, register_config
+from engine_harness import EngineConfig, get_config, register_config
 
 pytestmark = pytest.mark.e2e
 
@@ -21,13 +21,19 @@ register_config(
     EngineConfig("hybrid_spark_grammar", algorithm="HYBRID_SPARK", draft="standalone", engine_kwargs=_XGRAMMAR,
                  env=(("SGLANG_HYBRID_SYNC_GUARD", "1"),))
 )
+# On DSpark (compact, window 8, the corpus on): DSpark's verify masks each position from the grammar walked along
+# the verified chain, which is the merged one (the n-gram chain where it was chosen).
+_dspark = get_config("hybrid_dspark_compact")
+register_config(EngineConfig("hybrid_dspark_grammar", algorithm=_dspark.algorithm, draft=_dspark.draft,
+                             engine_kwargs=_dspark.engine_kwargs + _XGRAMMAR, env=_dspark.env))
 
 # Repetitive by construction: the n-gram drafter finds matches inside the constrained output itself.
 REGEX = r"(def (add|scale)\(a, b\):\n    return a [+*] b\n){2,4}"
 MAX_NEW = 48
 
 
-def test_grammar_requests_are_lossless_and_match_their_constraint(engine_pool, prompts):
+@pytest.mark.parametrize("config", ["hybrid_spark_grammar", "hybrid_dspark_grammar"])
+def test_grammar_requests_are_lossless_and_match_their_constraint(engine_pool, prompts, config):
     rows = list(range(4))
     input_ids = [prompts[i] for i in rows]
     sps = [
@@ -37,7 +43,7 @@ def test_grammar_requests_are_lossless_and_match_their_constraint(engine_pool, p
         {"temperature": 0, "max_new_tokens": MAX_NEW, "regex": r"[a-z]{3,12}( [a-z]{3,12}){3}"},
     ]
     plain = engine_pool.get("plain_grammar").generate(input_ids, sps)
-    hybrid = engine_pool.get("hybrid_spark_grammar").generate(input_ids, sps)
+    hybrid = engine_pool.get(config).generate(input_ids, sps)
     for i, (p, h, sp) in enumerate(zip(plain, hybrid, sps)):
         assert h["output_ids"] == p["output_ids"], (i, h["output_ids"], p["output_ids"])
         if "regex" in sp:
