@@ -225,9 +225,10 @@ _register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact",
 # the corpus on, so a retracted request's output is inserted across its lives) and on the EAGLE-family worker's
 # wide window.
 _RETRACT = (("SGLANG_TEST_RETRACT", "1"), ("SGLANG_TEST_RETRACT_INTERVAL", "3"))
-_register_dspark("hybrid_dspark_retract", "HYBRID_SPARK", "compact",
-                 env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
-                      ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 12))) + _RETRACT)
+# window 8 and a small shared corpus, under the sync guard: the retraction and no-overlap DSpark engines
+_DSPARK_CORPUS_4K = (_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
+                     ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 12)))
+_register_dspark("hybrid_dspark_retract", "HYBRID_SPARK", "compact", env=_DSPARK_CORPUS_4K + _RETRACT)
 register_config(
     EngineConfig(
         "hybrid_spark_retract", algorithm="HYBRID_SPARK", draft="standalone",
@@ -237,9 +238,7 @@ register_config(
 )
 
 # The scheduler without overlap (--disable-overlap-schedule): the DSpark compact configuration, corpus on.
-_register_dspark("hybrid_dspark_no_overlap", "HYBRID_SPARK", "compact",
-                 env=(_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
-                      ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 12))),
+_register_dspark("hybrid_dspark_no_overlap", "HYBRID_SPARK", "compact", env=_DSPARK_CORPUS_4K,
                  kwargs=(("disable_overlap_schedule", True),))
 
 LOSSLESS_SPEC_CONFIGS: List[str] = [

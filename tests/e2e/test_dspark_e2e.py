@@ -185,11 +185,12 @@ def test_penalised_requests_are_counted_and_leave_the_rest_of_the_batch_lossless
     outputs = engine.generate([prompts[i] for i in rows], sps)
     check_greedy(outputs, [hf_reference[i] for i in rows], sps)
     after = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps_unapplied"]
-    assert after - before >= MAX_NEW // (DSPARK_GAMMA + 5), (before, after)  # at least the steps to 32 tokens
+    assert after - before >= MAX_NEW // 8, (before, after)  # window 8: at most 8 tokens a step, so >= 4 steps
     unpenalised = engine.generate([prompts[i] for i in rows[2:]], sps[2:])
     check_greedy(unpenalised, [hf_reference[i] for i in rows[2:]], sps[2:])
     final = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps_unapplied"]
     assert final == after, "a batch without penalties was counted"
+
 
 def test_retracted_requests_come_back_losslessly(engine_pool, prompts, hf_reference):
     """SGLang retracts decoding requests when the KV pool is full (SGLANG_TEST_RETRACT forces it every third step)
