@@ -86,6 +86,9 @@ class HybridConfig:
     # "routing_key" = SGLang's routing key (traffic classes without salting the prefix cache), or both
     warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
     step_graphs: str = "off"  # "on": replay propose / record as CUDA graphs, one per call shape (graphs.py; GPU)
+    penalty_rows: int = 64  # DSpark worker: requests with frequency / presence / repetition penalties served at
+    # once with their penalties applied at every verify position (penalties.py; (rows + 1) x vocab x 4 bytes of
+    # device memory); 0 = off (SGLang 0.5.23's DSpark verify then applies none after a request's first token)
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> HybridConfigError:
@@ -130,6 +133,8 @@ class HybridConfig:
             raise bad("fairness_scope", f"must be one of {FAIRNESS_SCOPES}, got {self.fairness_scope!r}")
         if self.tenant_key not in TENANT_KEYS:
             raise bad("tenant_key", f"must be one of {TENANT_KEYS}, got {self.tenant_key!r}")
+        if self.penalty_rows < 0:
+            raise bad("penalty_rows", f"must be >= 0 (0 = off), got {self.penalty_rows}")
         if self.step_graphs not in STEP_GRAPHS_MODES:
             raise bad("step_graphs", f"must be one of {STEP_GRAPHS_MODES}, got {self.step_graphs!r}")
         if self.warmup not in WARMUP_MODES:

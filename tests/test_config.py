@@ -40,6 +40,7 @@ def test_env_overrides_file(tmp_path):
         ({"SGLANG_HYBRID_NARROW_ABOVE": "-2"}, "'narrow_above'"),
         ({"SGLANG_HYBRID_NARROW_ABOVE": "sometimes"}, "'narrow_above'"),
         ({"SGLANG_HYBRID_ONLINE_DEFER": "-1"}, "'online_defer'"),
+        ({"SGLANG_HYBRID_PENALTY_ROWS": "-1"}, "'penalty_rows'"),
         ({"SGLANG_HYBRID_ENABLE_NGRAM": "maybe"}, "'enable_ngram'"),
         ({"SGLANG_HYBRID_ENABLE_NGRAM": "0", "SGLANG_HYBRID_ENABLE_MODEL": "false"}, "both be false"),
         ({"SGLANG_HYBRID_DRAFT_KIND": "medusa"}, "'draft_kind'"),

@@ -27,27 +27,16 @@ def test_a_renamed_tenant_field_of_req_is_reported(monkeypatch):
     assert any("Req.__init__ lacks parameters ['tenant_label']" in p for p in hooks.check_host_api())
 
 
-def test_a_renamed_penalty_field_of_sampling_batch_info_is_reported(monkeypatch):
-    """dspark_worker.carries_penalties reads SamplingBatchInfo's penalty tensors with getattr: a rename must fail the
-    check, not silently hide the batches whose penalties DSpark drops."""
+def test_a_renamed_penalty_field_of_sampling_batch_info_or_params_is_reported(monkeypatch):
+    """The DSpark worker reads SamplingBatchInfo.logit_bias and SamplingParams' penalties by name: a rename must fail
+    the check at load, not silently drop a request's penalties."""
     monkeypatch.setattr(hooks, "SAMPLING_PENALTY_FIELDS", hooks.SAMPLING_PENALTY_FIELDS + ("acc_linear_penalties",))
-    assert any("SamplingBatchInfo lacks fields ['acc_linear_penalties']" in p for p in hooks.check_host_api())
+    monkeypatch.setattr(hooks, "SAMPLING_PARAMS_PENALTY_FIELDS",
+                        hooks.SAMPLING_PARAMS_PENALTY_FIELDS + ("typical_penalty",))
+    problems = hooks.check_host_api()
+    assert any("SamplingBatchInfo lacks fields ['acc_linear_penalties']" in p for p in problems)
+    assert any("SamplingParams lacks fields ['typical_penalty']" in p for p in problems)
 
-
-def test_carries_penalties_reads_which_tensors_exist_and_the_penalizer_flag():
-    from types import SimpleNamespace
-
-    import torch
-
-    from sglang_hybrid.sglang_plugin.dspark_worker import carries_penalties
-
-    none = dict(acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None, penalizer_orchestrator=None)
-    assert not carries_penalties(None) and not carries_penalties(SimpleNamespace(**none))
-    for field in hooks.SAMPLING_PENALTY_FIELDS:  # the overlap scheduler's accumulated tensors, or the bias
-        assert carries_penalties(SimpleNamespace(**dict(none, **{field: torch.zeros(1, 4)})))
-    # Without overlap the orchestrator itself rides along: its host flag says whether any penalizer is on.
-    assert carries_penalties(SimpleNamespace(**dict(none, penalizer_orchestrator=SimpleNamespace(is_required=True))))
-    assert not carries_penalties(SimpleNamespace(**dict(none, penalizer_orchestrator=SimpleNamespace(is_required=False))))
 
 def _declared_names():
     return {a.target.split(":")[1].split(".")[-1] for a in hooks.HOST_ATTRS}
@@ -137,3 +126,21 @@ def test_dspark_algo_answers_as_sglangs_dspark(monkeypatch):
                 ref.get_num_tokens_per_req_for_target_verify(n, is_draft)
     algo._resolved_kind = "standalone"
     assert not algo.is_dspark() and algo.need_topk()
+
+
+def test_carries_penalties_reads_which_tensors_exist_and_the_penalizer_flag():
+    """The DSpark worker loops over a batch's requests for penalties only when this host check says a penalizer is
+    on: the overlap scheduler's accumulated tensors exist, or the penalizer's flag (without overlap)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglang_hybrid.sglang_plugin.dspark_worker import carries_penalties
+
+    none = dict(acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=torch.zeros(1, 4),
+                penalizer_orchestrator=None)
+    assert not carries_penalties(None) and not carries_penalties(SimpleNamespace(**none))  # a bias alone: no
+    for field in hooks.SAMPLING_PENALTY_FIELDS:
+        assert carries_penalties(SimpleNamespace(**dict(none, **{field: torch.zeros(1, 4)})))
+    assert carries_penalties(SimpleNamespace(**dict(none, penalizer_orchestrator=SimpleNamespace(is_required=True))))
+    assert not carries_penalties(SimpleNamespace(**dict(none, penalizer_orchestrator=SimpleNamespace(is_required=False))))

@@ -20,10 +20,16 @@ Where it hooks in (every attribute is declared in ``hooks.py``):
   elsewhere, in place), which makes the acceptance ``min(1, p_target(x) / 1)``: the target distribution is
   kept (the same argument as for EAGLE's deterministic chains). Greedy drafts (``greedy_draft``) are one-hot
   already.
-* Penalties: SGLang 0.5.23's DSpark verify applies neither the sampling penalties nor ``logit_bias`` after a
-  request's first token (it never accumulates the output tokens into the penalizers, and its check looks for
-  DFlash's ``acc_linear_penalties``). The merge counts the steps whose batch carries them and warns once; fixing it
-  would need the penalizers' per-step accumulation, which is SGLang's.
+* Penalties: SGLang 0.5.23's DSpark verify adds ``logit_bias`` at every position but applies no frequency,
+  presence or repetition penalty after a request's first token (it never feeds the output tokens to the
+  penalizers, and looks for DFlash's ``acc_linear_penalties``). This worker applies them itself (``penalties.py``):
+  the verify executor's ``accept_and_finalize`` is wrapped so that, before the accept, each penalised request's
+  logits at verify position ``j`` are penalised with its output's token counts plus the drafts at positions
+  ``1..j`` (kept on the device: rows given at prefill, every commit added after the step; the bias is taken out
+  and put back after, plain decoding's order). Greedy output then equals plain decoding's; sampling draws from the
+  penalised distribution. Not applied (counted in ``penalty_steps_unapplied``, warned once): ``min_new_tokens``
+  while it holds, and penalised requests beyond option ``penalty_rows``. The merge keeps ``folded=False``, so
+  neither the folded accept nor the sampling-accept graph (which read the logits inside a CUDA graph) runs.
 * ``_forward_prefill``: after SGLang's prefill, each request's prompt starts its token-history row.
 * ``_forward_decode``: after SGLang's step, the committed tokens (``next_token_ids``, accepted drafts and bonus at
   the front of each row) are appended to the history and the counters updated, on the device.
@@ -46,6 +52,8 @@ import torch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
+from ..hostsync import sync_guard
+from ..penalties import PenaltyTable, is_penalised
 from ..step import HybridStep, Proposal
 from .common import load_options, load_sps2d, write_prefill_history
 from .dspark_args import check_sps_table, model_chain_gamma
@@ -70,9 +78,9 @@ class HybridProposer:
 
 
 def carries_penalties(sampling_info: Any) -> bool:
-    """Whether a decode batch carries sampling penalties or a logit bias: which of ``SamplingBatchInfo``'s tensors
-    exist (the overlap scheduler's accumulated penalties, the bias) or its penalizer's host flag; reads no tensor
-    data, so no sync."""
+    """Whether any request of a decode batch has a penalizer on (frequency, presence, repetition, min_new_tokens):
+    the overlap scheduler's accumulated tensors exist, or (without overlap) the penalizer's host flag is set. Reads
+    no tensor data, so no sync."""
     if sampling_info is None:
         return False
     if any(getattr(sampling_info, f, None) is not None for f in SAMPLING_PENALTY_FIELDS):
@@ -106,10 +114,21 @@ class HybridDSparkWorker(DSparkWorkerV2):
         self.hybrid = None
         self._hybrid_pending: Optional[Proposal] = None
         self._hybrid_last_budget: Optional[int] = None
-        self._hybrid_penalty_steps = 0
+        self._penalties: Optional[PenaltyTable] = None
+        self._pen_rows: list = []  # this step's batch rows whose penalties the verify applies (host ints)
+        self._pen_slots: Optional[torch.Tensor] = None  # this step's request-pool slots (batch.req_pool_indices)
+        self._pen_steps = 0
+        self._pen_steps_unapplied = 0
         if self._hosts_draft:
             self._proposer = HybridProposer(self._proposer, self)
             self._model_gamma = model_chain_gamma(server_args, int(self.gamma))
+            accept = self._verify_executor.accept_and_finalize
+
+            def accept_and_finalize(**kwargs: Any):
+                self._hybrid_penalise(kwargs)
+                return accept(**kwargs)
+
+            self._verify_executor.accept_and_finalize = accept_and_finalize
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         super().alloc_memory_pool(
@@ -139,6 +158,9 @@ class HybridDSparkWorker(DSparkWorkerV2):
             device=self.device, calibration=self._hybrid_calib, sps_dense=sps, max_context_len=context_len,
             verify_window=window, sps2d=load_sps2d(cfg),
         )
+        if cfg.penalty_rows > 0:
+            vocab = int(self.model_runner.model_config.vocab_size)
+            self._penalties = PenaltyTable(num_slots, vocab, cfg.penalty_rows, self.device)
         self._ctx_tokens = torch.zeros((), dtype=torch.float32, device=self.device)
         dt = torch.int64
         self._merged_tokens = torch.zeros(max_bs, window, dtype=dt, device=self.device)
@@ -179,8 +201,6 @@ class HybridDSparkWorker(DSparkWorkerV2):
         hy = self.hybrid
         if hy is None:
             return proposal
-        if carries_penalties(sampling_info):
-            self._hybrid_note_penalties()
         block = proposal.draft_block
         tokens = block.draft_tokens  # [bs, window]
         bs, g = tokens.shape
@@ -214,16 +234,54 @@ class HybridDSparkWorker(DSparkWorkerV2):
             folded=False,
         )
 
-    def _hybrid_note_penalties(self) -> None:
-        """Count (metric ``penalty_steps_unapplied``) and, once, warn: DSpark's verify drops the batch's penalties."""
-        self._hybrid_penalty_steps += 1
-        if self._hybrid_penalty_steps == 1:
+    # -- penalties (penalties.py) ----------------------------------------------------------------------------
+    def _hybrid_penalty_rows(self, batch) -> None:
+        """Host side, before the step: the batch rows whose penalties the verify applies, and whether any
+        request's penalties go unapplied (no table row, or ``min_new_tokens`` still holding). A batch whose
+        penalizers are all off (the common case) costs one flag check, not a loop over its requests."""
+        self._pen_rows = []
+        if not carries_penalties(batch.sampling_info):
+            return
+        unapplied = False
+        table = self._penalties
+        for i, req in enumerate(batch.reqs):
+            sp = req.sampling_params
+            if sp.min_new_tokens > 0 and len(req.output_ids) < sp.min_new_tokens:
+                unapplied = True
+            if is_penalised(sp):
+                if table is not None and table.row_of_slot(req.kv.req_pool_idx) is not None:
+                    self._pen_rows.append(i)
+                else:
+                    unapplied = True
+        if unapplied:
+            self._hybrid_note_unapplied("min_new_tokens, or more penalised requests than option penalty_rows "
+                                        f"({0 if table is None else table.rows})")
+
+    def _hybrid_penalise(self, kwargs: dict) -> None:
+        """Before DSpark's accept: this step's penalised rows' penalties at every verify position, in place on the
+        target's logits (which already carry ``logit_bias``: DSpark's verify adds it at every position)."""
+        rows = self._pen_rows
+        if not rows:
+            return
+        logits, ids, bs = kwargs["target_logits"], kwargs["verify_ids_2d"], kwargs["bs"]
+        if logits is None or logits.shape[0] != bs * ids.shape[1] or logits.shape[1] != self._penalties.vocab:
+            self._hybrid_note_unapplied("the verify's logits are not [bs * window, vocab] (a fused argmax)")
+            return
+        info = kwargs.get("sampling_info")
+        bias = None if info is None else info.logit_bias
+        with sync_guard(self.hybrid._guard):  # the tests' guard: no host read of device data here
+            self._penalties.apply(logits.view(bs, ids.shape[1], logits.shape[1]), ids, self._pen_slots, rows,
+                                  bias=None if bias is None else bias[:bs])
+        self._pen_steps += 1
+
+    def _hybrid_note_unapplied(self, why: str) -> None:
+        """Count (metric ``penalty_steps_unapplied``) and, once, warn: some request's penalties were not applied."""
+        self._pen_steps_unapplied += 1
+        if self._pen_steps_unapplied == 1:
             logger.warning(
-                "HYBRID_SPARK (DSpark): a batch carries sampling penalties (frequency, presence, repetition, "
-                "min_new_tokens) or a logit_bias. SGLang %s's DSpark verify does not apply them after a request's "
-                "first token (its own DSPARK neither), so these requests decode as if they were unset; SGLang "
-                "applies them (relaxed) with an EAGLE-family draft. Counted in metric penalty_steps_unapplied.",
-                SUPPORTED_SGLANG)
+                "HYBRID_SPARK (DSpark): a request's sampling penalties were not applied on a step (%s); SGLang %s's "
+                "DSpark verify applies none after a request's first token. Counted in metric "
+                "penalty_steps_unapplied.", why, SUPPORTED_SGLANG)
 
     def _one_hot_ngram_rows(self, logits: torch.Tensor, tokens: torch.Tensor, choice: torch.Tensor) -> None:
         """Draft logits of the n-gram tokens: one-hot at their tokens (in place, no allocation beyond a gather
@@ -250,11 +308,22 @@ class HybridDSparkWorker(DSparkWorkerV2):
         out = super()._forward_prefill(batch, on_publish, pp_proxy_tensors)
         if self.hybrid is not None:
             write_prefill_history(self.hybrid, batch, out.next_token_ids, self.device)
+            if self._penalties is not None and batch.reqs and not batch.forward_mode.is_idle():
+                self._penalties.on_prefill(batch.reqs, [r.kv.req_pool_idx for r in batch.reqs],
+                                           batch.req_pool_indices, out.next_token_ids)
         return out
 
     def _forward_decode(self, batch, on_publish, grammar_barrier=None, coordination_plan=None):
         self._hybrid_pending = None
+        if self.hybrid is not None:
+            self._hybrid_penalty_rows(batch)
+            self._pen_slots = batch.req_pool_indices
         out = super()._forward_decode(batch, on_publish, grammar_barrier, coordination_plan)
+        if self._pen_rows:  # the committed tokens join the penalised requests' counts (the rest: the sink row)
+            bs = batch.req_pool_indices.shape[0]
+            with sync_guard(self.hybrid._guard):
+                self._penalties.commit(batch.req_pool_indices, out.next_token_ids.view(bs, -1), out.accept_lens)
+            self._pen_rows = []
         chosen, self._hybrid_pending = self._hybrid_pending, None
         if chosen is not None and self.hybrid is not None:
             bs = batch.req_pool_indices.shape[0]
@@ -274,7 +343,11 @@ class HybridDSparkWorker(DSparkWorkerV2):
             "drafter": "dspark",
             "verify_mode": self._verify_planner.mode_value,
             "verify_token_budget": self._hybrid_last_budget,
-            "penalty_steps_unapplied": self._hybrid_penalty_steps,
+            "penalty_steps": self._pen_steps,
+            "penalty_steps_unapplied": self._pen_steps_unapplied,
+            "penalty_rows": 0 if self._penalties is None else self._penalties.rows,
+            "penalty_rows_in_use": 0 if self._penalties is None else self._penalties.rows_in_use,
+            "penalty_rows_refused": 0 if self._penalties is None else self._penalties.refused,
         }
 
     def hybrid_metrics(self) -> dict:

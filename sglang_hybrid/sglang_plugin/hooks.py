@@ -114,6 +114,10 @@ HOST_ATTRS: tuple[HostAttr, ...] = (
     HostAttr(f"{_DSP}.dspark_draft:DraftBlockProposer.propose",
              ("self", "batch", "draft_input", "verify_window", "bs", "device", "target_model", "sampling_info"),
              "the wrapped proposer; _forward_decode passes these by keyword"),
+    HostAttr(f"{_DSP}.dspark_verify:TargetVerifyExecutor.accept_and_finalize",
+             ("self", "folded_accept", "bs", "verify_ids_2d", "target_logits", "draft_block", "sampling_info"),
+             "wrapped on the worker's executor: the penalties and logit_bias are applied to target_logits first "
+             "(penalties.py); _forward_decode passes these by keyword"),
     HostAttr(f"{_DSP}.dspark_draft:DraftProposal.__struct_fields__", None,
              "draft_block, confidence, folded and verify_ids are replaced (msgspec.structs.replace)"),
     HostAttr(f"{_DSP}.dspark_draft:DraftBlockResult.__struct_fields__", None,
@@ -158,9 +162,12 @@ RESULT_FIELDS = ("next_token_ids", "accept_lens", "cap_lens")
 # Req.__init__ stored under the same names. tenant_id reads them with getattr, so a rename would silently make
 # every request tenant 0; checked here instead.
 REQ_TENANT_FIELDS = ("extra_key", "cache_salt", "routing_key")
-# Fields of SamplingBatchInfo that say a DSpark batch carries penalties or a logit bias (dspark_worker.py:
-# carries_penalties reads them with getattr, so a rename would silently hide them; checked here instead).
-SAMPLING_PENALTY_FIELDS = ("acc_additive_penalties", "acc_scaling_penalties", "logit_bias")
+# What the DSpark worker's penalties read (dspark_worker.py, penalties.py): the SamplingBatchInfo tensors that say a
+# batch has a penalizer on (carries_penalties; besides the field penalizer_orchestrator), its logit_bias, and the
+# per-request parameters of SamplingParams (fields of the msgspec struct). They are read by name, so a rename would
+# silently drop a request's penalties; checked here instead.
+SAMPLING_PENALTY_FIELDS = ("acc_additive_penalties", "acc_scaling_penalties")
+SAMPLING_PARAMS_PENALTY_FIELDS = ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens")
 
 
 def check_host_api() -> list[str]:
@@ -205,18 +212,28 @@ def check_host_api() -> list[str]:
     try:
         from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
-        missing = [f for f in SAMPLING_PENALTY_FIELDS + ("penalizer_orchestrator",)
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        missing = [f for f in SAMPLING_PENALTY_FIELDS + ("penalizer_orchestrator", "logit_bias")
                    if f not in SamplingBatchInfo.__dataclass_fields__]
         if missing:
-            problems.append(f"SamplingBatchInfo lacks fields {missing} (dspark_worker.carries_penalties)")
+            problems.append(f"SamplingBatchInfo lacks fields {missing} (dspark_worker._hybrid_penalise)")
+        missing = [f for f in SAMPLING_PARAMS_PENALTY_FIELDS if f not in SamplingParams.__struct_fields__]
+        if missing:
+            problems.append(f"SamplingParams lacks fields {missing} (penalties.is_penalised)")
     except Exception as e:  # noqa: BLE001
-        problems.append(f"SamplingBatchInfo: {type(e).__name__}: {e}")
+        problems.append(f"SamplingBatchInfo / SamplingParams: {type(e).__name__}: {e}")
     try:
         from sglang.srt.managers.schedule_batch import Req
 
         missing = [f for f in REQ_TENANT_FIELDS if f not in inspect.signature(Req.__init__).parameters]
         if missing:
             problems.append(f"Req.__init__ lacks parameters {missing} (the tenant of option tenant_key)")
+        from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+        if "req_pool_idx" not in ReqKvInfo.__dataclass_fields__ or not callable(getattr(Req, "finished", None)):
+            problems.append("Req.kv.req_pool_idx or Req.finished() is gone (penalties.py: the penalised "
+                            "requests' rows)")
     except Exception as e:  # noqa: BLE001
         problems.append(f"Req: {type(e).__name__}: {e}")
     return problems

@@ -69,14 +69,25 @@ class Bins:
 
 @functools.lru_cache(maxsize=4096)
 @torch.no_grad()
-def next_probs(model_path: str, prefix: Prefix, temperature: float) -> torch.Tensor:
-    """HF next-token distribution after ``prefix`` (prompt included) at ``temperature`` (fp64)."""
+def next_probs(model_path: str, prefix: Prefix, temperature: float,
+               penalty: Optional[Tuple[Tuple[str, float], ...]] = None, output_len: int = 0) -> torch.Tensor:
+    """HF next-token distribution after ``prefix`` (prompt included) at ``temperature`` (fp64). ``penalty``
+    (``(name, value)`` pairs of ``frequency_penalty`` / ``presence_penalty`` / ``repetition_penalty``): SGLang's penalties on the counts of the
+    last ``output_len`` tokens of ``prefix`` (the output), applied before the temperature."""
     logits = hf_model(model_path)(torch.tensor([list(prefix)])).logits[0, -1].to(torch.float64)
+    if penalty and output_len:
+        penalty = dict(penalty)
+        n = torch.bincount(torch.tensor(prefix[-output_len:]), minlength=logits.shape[0]).to(torch.float64)
+        seen = n > 0
+        logits = logits - n * penalty.get("frequency_penalty", 0.0) - seen * penalty.get("presence_penalty", 0.0)
+        rep = torch.where(seen, penalty.get("repetition_penalty", 1.0), 1.0).to(torch.float64)
+        logits = torch.where(logits < 0, logits * rep, logits / rep)
     return torch.softmax(logits / temperature, dim=-1)
 
 
 def sequence_bins(
-    model_path: str, prompt: Sequence[int], temperature: float, n: int, depth: int, min_expected: float = 5.0
+    model_path: str, prompt: Sequence[int], temperature: float, n: int, depth: int, min_expected: float = 5.0,
+    penalty: Optional[Dict[str, float]] = None,
 ) -> Bins:
     """Exact binned distribution of the first ``depth`` sampled tokens for ``n`` samples."""
     threshold = min_expected / n
@@ -86,7 +97,8 @@ def sequence_bins(
     frontier: List[Tuple[Prefix, float]] = [((), 1.0)]
     while frontier:
         prefix, mass = frontier.pop()
-        probs = next_probs(model_path, tuple(prompt) + prefix, temperature)
+        probs = next_probs(model_path, tuple(prompt) + prefix, temperature,
+                           None if penalty is None else tuple(sorted(penalty.items())), len(prefix))
         kids = tuple(torch.nonzero(probs * mass >= threshold).flatten().tolist())
         children[prefix] = kids
         covered = 0.0
@@ -196,20 +208,20 @@ def pick_sampling_case(
     depth: int = SAMPLING_DEPTH,
     seed: int = 99,
     tries: int = 12,
+    penalty: Optional[Dict[str, float]] = None,
+    alternatives: Tuple[Transform, Transform] = (greedy_collapse, rejected_draft_not_excluded),
 ) -> SamplingCase:
-    """Among ``tries`` seeded 8-token prompts, the one whose test is most powerful against both alternatives
-    (ties: more bins); raises if even that one has power below ``MIN_POWER``."""
+    """Among ``tries`` seeded 8-token prompts, the one whose test is most powerful against both ``alternatives``
+    (ties: more bins); raises if even that one has power below ``MIN_POWER``. ``penalty``: the bins' tokens after
+    the first are drawn under it (``sequence_bins``)."""
     g = torch.Generator().manual_seed(seed)
     best: Optional[Tuple[Tuple[float, int], SamplingCase]] = None
     for _ in range(tries):
         prompt = torch.randint(FIRST_TOKEN, vocab, (8,), generator=g).tolist()
-        bins = sequence_bins(model_path, prompt, temperature, n, depth)
+        bins = sequence_bins(model_path, prompt, temperature, n, depth, penalty=penalty)
         if len(bins.leaves) < 2:
             continue
-        pw = [
-            power(bins, alternative_probabilities(bins, model_path, prompt, temperature, t), n)
-            for t in (greedy_collapse, rejected_draft_not_excluded)
-        ]
+        pw = [power(bins, alternative_probabilities(bins, model_path, prompt, temperature, t), n) for t in alternatives]
         case = SamplingCase(prompt, bins, temperature, n, pw[0], pw[1])
         key = (min(pw), len(bins.labels()))
         if best is None or key > best[0]:
@@ -217,3 +229,13 @@ def pick_sampling_case(
     if best is None or best[0][0] < MIN_POWER:
         raise RuntimeError(f"no sampling prompt reaches power {MIN_POWER} (best {best and best[0]})")
     return best[1]
+
+def identity(p: torch.Tensor) -> torch.Tensor:
+    """Alternative (with ``sequence_bins(..., penalty=)``): the tokens after the first drawn without penalties."""
+    return p
+
+
+def pick_penalised_sampling_case(model_path: str, vocab: int, penalty: Dict[str, float], seed: int = 7) -> SamplingCase:
+    """:func:`pick_sampling_case` with the tokens after the first drawn under ``penalty``, against greedy
+    verification and against the same draws without penalties (stored as ``power_vs_no_exclusion``)."""
+    return pick_sampling_case(model_path, vocab, seed=seed, penalty=penalty, alternatives=(greedy_collapse, identity))

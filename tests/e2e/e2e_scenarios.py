@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -45,6 +45,34 @@ def hf_greedy(model_path: str, prompt: Sequence[int], max_new_tokens: int) -> Tu
         out.append(int(top.indices[0]))
         step_input = torch.tensor([[out[-1]]])
     return out, margin
+
+
+def hf_penalised(model_path: str, prompt: Sequence[int], max_new_tokens: int, frequency_penalty: float = 0.0,
+                 presence_penalty: float = 0.0, repetition_penalty: float = 1.0,
+                 logit_bias: Optional[Dict[str, float]] = None) -> List[int]:
+    """Greedy continuation with SGLang's sampling penalties applied exactly at every token: the output's token
+    counts ``n`` give ``- frequency * n - presence * [n > 0]`` (one additive term, as SGLang sums them), then
+    positive logits divided by ``repetition`` where ``n > 0`` (negative ones multiplied), then ``logit_bias``
+    added. (SGLang's plain decoding without the overlap scheduler does exactly this; with it, SGLang 0.5.23 feeds
+    the penalizers one token late: README, Limits.)"""
+    model = hf_model(model_path)
+    out: List[int] = []
+    step_input, past = torch.tensor([list(prompt)]), None
+    bias = torch.zeros(model.config.vocab_size)
+    for tok, b in (logit_bias or {}).items():
+        bias[int(tok)] = b
+    for _ in range(max_new_tokens):
+        res = model(step_input, past_key_values=past, use_cache=True)
+        past = res.past_key_values
+        logits = res.logits[0, -1].float()
+        n = torch.bincount(torch.tensor(out, dtype=torch.int64), minlength=logits.shape[0]).float()
+        seen = n > 0
+        logits = logits + (-(n * frequency_penalty) - seen * presence_penalty)
+        scale = torch.where(seen, torch.tensor(repetition_penalty), torch.tensor(1.0))
+        logits = torch.where(logits < 0, logits * scale, logits / scale) + bias
+        out.append(int(logits.argmax()))
+        step_input = torch.tensor([[out[-1]]])
+    return out
 
 
 def _candidate(g: torch.Generator, length: int, vocab: int, planted: bool) -> List[int]:

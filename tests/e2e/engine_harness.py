@@ -237,8 +237,10 @@ register_config(
     )
 )
 
-# The scheduler without overlap (--disable-overlap-schedule): the DSpark compact configuration, corpus on.
-_register_dspark("hybrid_dspark_no_overlap", "HYBRID_SPARK", "compact", env=_DSPARK_CORPUS_4K,
+# The scheduler without overlap (--disable-overlap-schedule): the DSpark compact configuration, corpus on; a
+# penalty table of two rows (test_dspark_e2e.py: more penalised requests than rows).
+_register_dspark("hybrid_dspark_no_overlap", "HYBRID_SPARK", "compact",
+                 env=_DSPARK_CORPUS_4K + (("SGLANG_HYBRID_PENALTY_ROWS", "2"),),
                  kwargs=(("disable_overlap_schedule", True),))
 
 LOSSLESS_SPEC_CONFIGS: List[str] = [

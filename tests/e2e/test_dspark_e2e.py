@@ -28,7 +28,8 @@ from __future__ import annotations
 from typing import List
 
 import pytest
-from e2e_scenarios import check_greedy, check_retraction, hf_greedy, repeating_rows
+from e2e_scenarios import check_greedy, check_retraction, hf_greedy, hf_penalised, repeating_rows
+from e2e_sampling import chi_square, pick_penalised_sampling_case
 from engine_harness import DSPARK_GAMMA
 
 pytestmark = pytest.mark.e2e
@@ -171,25 +172,71 @@ def test_corpus_drafts_a_request_from_an_earlier_ones_output(engine_pool, prompt
     assert steps[1] < steps[0], f"the second round should take fewer verify steps: {steps}"
 
 
-def test_penalised_requests_are_counted_and_leave_the_rest_of_the_batch_lossless(engine_pool, prompts, hf_reference):
-    """SGLang 0.5.23's DSpark verify applies no sampling penalties after a request's first token (its own DSPARK
-    neither: it never accumulates output tokens into the penalizers). HYBRID_SPARK on DSpark counts such steps (metric
-    ``penalty_steps_unapplied``, with a warning), the penalised requests decode as if unpenalised, and the requests
-    beside them stay equal to their references. If this starts failing on the penalised outputs, SGLang applies
-    penalties now: update README (Limits) and this test."""
-    engine = engine_pool.get("hybrid_dspark_compact")
-    before = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps_unapplied"]
+# Penalised requests (with one logit bias) beside unpenalised ones: prompts 0-3 leave their unpenalised greedy
+# output within MAX_NEW tokens under these penalties (at the 22nd, 12th, 28th and 23rd token).
+_PENALTIES = (dict(frequency_penalty=2.0), dict(presence_penalty=2.0), dict(repetition_penalty=2.0),
+              dict(frequency_penalty=1.5, logit_bias={"77": 6.0}))
+
+
+def _penalised_batch(engine, prompts, hf_reference, tiny_models, extra_rows, extra_sps):
+    """Send prompts 0-3 with ``_PENALTIES`` and ``extra_rows`` with ``extra_sps`` in one batch; return (outputs,
+    penalised references, unpenalised references (the logit bias kept), metrics before, metrics after)."""
     rows = [0, 1, 2, 3]
-    sps = [dict(_greedy(MAX_NEW), repetition_penalty=1.5), dict(_greedy(MAX_NEW), frequency_penalty=0.8),
-           _greedy(MAX_NEW), _greedy(MAX_NEW)]
-    outputs = engine.generate([prompts[i] for i in rows], sps)
-    check_greedy(outputs, [hf_reference[i] for i in rows], sps)
-    after = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps_unapplied"]
-    assert after - before >= MAX_NEW // 8, (before, after)  # window 8: at most 8 tokens a step, so >= 4 steps
-    unpenalised = engine.generate([prompts[i] for i in rows[2:]], sps[2:])
-    check_greedy(unpenalised, [hf_reference[i] for i in rows[2:]], sps[2:])
-    final = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps_unapplied"]
-    assert final == after, "a batch without penalties was counted"
+    sps = [dict(_greedy(MAX_NEW), **p) for p in _PENALTIES] + list(extra_sps)
+    penalised = [hf_penalised(tiny_models.target, prompts[i], MAX_NEW, **p) for i, p in zip(rows, _PENALTIES)]
+    plain = [hf_penalised(tiny_models.target, prompts[i], MAX_NEW, logit_bias=p.get("logit_bias"))
+             for i, p in zip(rows, _PENALTIES)]
+    assert all(a != b for a, b in zip(penalised, plain)), "the penalties must change every penalised output"
+    before = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    outputs = engine.generate([prompts[i] for i in rows + list(extra_rows)], sps)
+    after = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    check_greedy(outputs[len(rows):], [hf_reference[i] for i in extra_rows], sps[len(rows):])
+    return outputs[: len(rows)], penalised, plain, before, after
+
+
+def test_penalised_requests_equal_plain_decoding_with_their_penalties(engine_pool, prompts, hf_reference,
+                                                                      tiny_models):
+    """SGLang 0.5.23's DSpark verify applies no frequency / presence / repetition penalty after a request's first
+    token; HYBRID_SPARK applies them at every verify position (penalties.py), so each penalised request's greedy
+    output equals plain decoding's with its penalties (``hf_penalised``, SGLang's formula; the logit bias too), the
+    unpenalised ones beside them stay equal to their references, and n-gram chains are still chosen. A request
+    with ``min_new_tokens`` (not applied) is counted in ``penalty_steps_unapplied``; a batch without it is not."""
+    engine = engine_pool.get("hybrid_dspark_compact")
+    outputs, penalised, _plain, before, after = _penalised_batch(
+        engine, prompts, hf_reference, tiny_models, [5, 6], [_greedy(MAX_NEW), dict(_greedy(MAX_NEW), min_new_tokens=4)])
+    assert [o["output_ids"] for o in outputs] == penalised
+    assert after["penalty_steps"] - before["penalty_steps"] >= MAX_NEW // 8  # window 8: >= 4 steps
+    assert after["penalty_steps_unapplied"] > before["penalty_steps_unapplied"]  # min_new_tokens
+    assert after["penalty_rows"] == 64 and after["penalty_rows_refused"] == before["penalty_rows_refused"]
+    assert after["ngram_chosen"] > before["ngram_chosen"]
+    again = engine.generate([prompts[5]], [_greedy(MAX_NEW)])
+    check_greedy(again, [hf_reference[5]], [_greedy(MAX_NEW)])
+    final = engine.server_info()["internal_states"][0]["hybrid_spark"]
+    assert final["penalty_steps_unapplied"] == after["penalty_steps_unapplied"], "a batch without penalties counted"
+    assert final["penalty_steps"] == after["penalty_steps"]
+    # Sampled penalised requests run through DSpark's rejection sampling on the penalised logits.
+    sampled = [dict(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW, ignore_eos=True, **p) for p in _PENALTIES]
+    outs = engine.generate([prompts[i] for i in range(4)], sampled)
+    assert all(len(o["output_ids"]) == MAX_NEW for o in outs)
+    assert engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps"] > final["penalty_steps"]
+
+
+def test_penalised_sampling_follows_the_penalised_distribution(engine_pool, tiny_models):
+    """Sampling with ``repetition_penalty`` 0.5 (seen tokens favoured): the first three tokens of 120 identical
+    requests follow the exact penalised distribution (chi-square, e2e_sampling); the prompt is chosen so that the
+    test rejects, with power >= 0.9, the same draws without penalties (what SGLang's DSpark verify gives)."""
+    penalty = dict(repetition_penalty=0.5)
+    case = pick_penalised_sampling_case(tiny_models.target, tiny_models.spec.vocab_size, penalty)
+    assert case.power_vs_greedy >= 0.9 and case.power_vs_no_exclusion >= 0.9, case
+    engine = engine_pool.get("hybrid_dspark_compact")
+    before = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps"]
+    sp = dict(temperature=case.temperature, max_new_tokens=case.bins.depth, ignore_eos=True, **penalty)
+    outputs = engine.generate([list(case.prompt)] * case.n, sp)
+    counts = case.bins.count([o["output_ids"] for o in outputs])
+    stat, p, dof = chi_square(counts, case.bins, case.n)
+    assert dof >= 3, (dof, case.bins)
+    assert p > 1e-3, f"chi-square {stat:.1f} on {dof} dof, p={p:.2e}; counts {counts}"
+    assert engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps"] > before
 
 
 def test_retracted_requests_come_back_losslessly(engine_pool, prompts, hf_reference):
@@ -210,3 +257,18 @@ def test_without_the_overlap_scheduler_output_stays_lossless(engine_pool, prompt
     info = engine.server_info()
     assert info["disable_overlap_schedule"] is True
     assert info["internal_states"][0]["hybrid_spark"]["ngram_chosen"] > 0
+
+
+def test_penalties_without_overlap_and_beyond_the_table(engine_pool, prompts, hf_reference, tiny_models):
+    """Without the overlap scheduler (SGLang then hands the verify its penalizer, whose counts DSpark never feeds)
+    the penalties are applied once, as with it; and with option ``penalty_rows`` 2, two of the four penalised
+    requests get rows and equal their penalised references, the others are refused (counted, warned) and decode
+    unpenalised (the logit bias kept), as SGLang's DSpark does."""
+    engine = engine_pool.get("hybrid_dspark_no_overlap")
+    outputs, penalised, plain, before, after = _penalised_batch(engine, prompts, hf_reference, tiny_models, [5],
+                                                                [_greedy(MAX_NEW)])
+    got = [o["output_ids"] for o in outputs]
+    assert sum(g == p for g, p in zip(got, penalised)) == 2 and sum(g == p for g, p in zip(got, plain)) == 2, got
+    assert after["penalty_rows"] == 2 and after["penalty_rows_refused"] - before["penalty_rows_refused"] == 2
+    assert after["penalty_steps_unapplied"] > before["penalty_steps_unapplied"]
+    assert after["penalty_steps"] > before["penalty_steps"]

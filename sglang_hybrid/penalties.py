@@ -1,0 +1,176 @@
+"""Sampling penalties at every position of a verify window, exactly as plain decoding applies them.
+
+SGLang's penalizers (``sampling/penaltylib``) count a request's *output* tokens: frequency subtracts
+``frequency_penalty * n``, presence subtracts ``presence_penalty`` where ``n > 0`` (the two summed into one
+additive tensor first, as the overlap scheduler's ``acc_additive_penalties``), and repetition then divides
+positive logits by ``repetition_penalty`` where ``n > 0`` and multiplies negative ones. Plain decoding applies
+them to one token at a time. A speculative verify scores ``window`` positions at once, and position ``j``'s
+next token follows the drafts at positions ``1..j``: were they accepted, they are output too. So position ``j``
+is penalised with the counts of the output so far *plus* those drafts; that is what :func:`apply_window_penalties`
+does, and it is what makes a greedy verify commit exactly plain decoding's tokens.
+
+:class:`PenaltyTable` keeps the counts on the device: one ``[rows, vocab]`` float32 row per penalised request (a
+fixed number of rows, option ``penalty_rows``; one more row is a sink the unpenalised requests' commits land in),
+the per-row parameters, and the map request-pool slot -> row. The host assigns rows at prefill (it knows each
+request's sampling parameters); the device adds every committed token after each verify (no sync, stream order
+keeps the next verify reading the counts the last one committed). Memory: ``(rows + 1) * vocab * 4`` bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Sequence
+
+import torch
+
+
+def apply_window_penalties(logits: torch.Tensor, counts: torch.Tensor, verify_ids: torch.Tensor,
+                           frequency: torch.Tensor, presence: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
+    """Penalised copy of the verify logits of ``k`` requests.
+
+    ``logits [k, W, V]``: the target's logits at the ``W`` verify positions; ``counts [k, V]``: each request's output
+    token counts before the window (its root token, the last committed, included); ``verify_ids [k, W]``: the
+    window's tokens (column 0 the root, columns ``1..`` the drafts; position ``j`` adds columns ``1..j``);
+    ``frequency`` / ``presence`` / ``repetition`` ``[k]``. Returns ``[k, W, V]`` in ``logits``' dtype."""
+    k, w, v = logits.shape
+    drafts = torch.zeros(k, w, v, dtype=counts.dtype, device=counts.device)
+    if w > 1:
+        drafts[:, 1:].scatter_(2, verify_ids[:, 1:, None].to(torch.int64), 1.0)
+    n = drafts.cumsum_(1).add_(counts[:, None, :])
+    seen = n > 0
+    additive = (n * frequency.view(k, 1, 1)).neg_().sub_(seen * presence.view(k, 1, 1))
+    out = logits + additive.to(logits.dtype)
+    scale = torch.where(seen, repetition.view(k, 1, 1).to(logits.dtype), torch.ones((), dtype=logits.dtype,
+                                                                                        device=logits.device))
+    return torch.where(out < 0, out * scale, out / scale)
+
+
+def _to_device(values, dtype, device) -> torch.Tensor:
+    """A small host list on the device without waiting on it (pinned where there is a GPU)."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def is_penalised(sampling_params) -> bool:
+    """Whether a request's ``SamplingParams`` set a count-based penalty (what :class:`PenaltyTable` applies)."""
+    return (sampling_params.frequency_penalty != 0.0 or sampling_params.presence_penalty != 0.0
+            or sampling_params.repetition_penalty != 1.0)
+
+
+class PenaltyTable:
+    """Per-request output token counts and penalty parameters on the device (module docstring)."""
+
+    def __init__(self, num_slots: int, vocab: int, rows: int, device) -> None:
+        if rows < 1:
+            raise ValueError(f"PenaltyTable needs rows >= 1, got {rows}")
+        self.rows, self.vocab, self.device = rows, vocab, device
+        self.sink = rows  # where the commits of unpenalised requests land; never read
+        self.counts = torch.zeros(rows + 1, vocab, dtype=torch.float32, device=device)
+        self.frequency = torch.zeros(rows + 1, dtype=torch.float32, device=device)
+        self.presence = torch.zeros(rows + 1, dtype=torch.float32, device=device)
+        self.repetition = torch.ones(rows + 1, dtype=torch.float32, device=device)
+        self.slot_row = torch.full((num_slots,), self.sink, dtype=torch.int64, device=device)
+        # host side: which request holds each row (its rid and slot), and the free rows
+        self._free: List[int] = list(range(rows - 1, -1, -1))
+        self._holder: dict = {}  # row -> (rid, slot, req)
+        self._row_of_slot: dict = {}  # slot -> row
+        self.refused = 0  # penalised requests that found no free row (metric)
+
+    @property
+    def rows_in_use(self) -> int:
+        return len(self._holder)
+
+    def row_of_slot(self, slot: int) -> Optional[int]:
+        return self._row_of_slot.get(slot)
+
+    # ---- host: rows at prefill ---------------------------------------------------------------------
+    def _release(self, row: int) -> None:
+        _rid, slot, _req = self._holder.pop(row)
+        if self._row_of_slot.get(slot) == row:
+            del self._row_of_slot[slot]
+        self._free.append(row)
+
+    def _take(self) -> Optional[int]:
+        if not self._free:  # reclaim the rows of requests that have finished since
+            for row, (_rid, _slot, req) in list(self._holder.items()):
+                if req.finished():
+                    self._release(row)
+        return self._free.pop() if self._free else None
+
+    def on_prefill(self, reqs: Sequence, slots: Sequence[int], slots_dev: torch.Tensor,
+                   first_tokens: torch.Tensor) -> None:
+        """Host side, after a prefill of ``reqs`` in slots ``slots`` (host ints; ``slots_dev`` the same on the
+        device): give each penalised request a row and start it with its output so far (after a retraction) and
+        its first sampled token ``first_tokens [bs]`` (device). A slot's previous request, or the same request's
+        earlier row (a chunk of a chunked prefill, a retracted request back in another slot), lets go of its row."""
+        rows: List[int] = []
+        pen_idx: List[int] = []
+        params: List[tuple] = []
+        history: List[List[int]] = []
+        for i, (req, slot) in enumerate(zip(reqs, slots)):
+            for row, (rid, held_slot, _req) in list(self._holder.items()):
+                if held_slot == slot or rid == req.rid:
+                    self._release(row)
+            row = self.sink
+            sp = req.sampling_params
+            if is_penalised(sp):
+                got = self._take()
+                if got is None:
+                    self.refused += 1
+                else:
+                    row = got
+                    self._holder[row] = (req.rid, slot, req)
+                    self._row_of_slot[slot] = row
+                    pen_idx.append(i)
+                    params.append((sp.frequency_penalty, sp.presence_penalty, sp.repetition_penalty))
+                    history.append(list(req.output_ids))
+            rows.append(row)
+        dev = self.device
+        self.slot_row.index_copy_(0, slots_dev.to(torch.int64), _to_device(rows, torch.int64, dev))
+        if not pen_idx:
+            return
+        taken = _to_device([rows[i] for i in pen_idx], torch.int64, dev)
+        p = _to_device(params, torch.float32, dev)
+        self.counts.index_fill_(0, taken, 0.0)
+        self.frequency.index_copy_(0, taken, p[:, 0])
+        self.presence.index_copy_(0, taken, p[:, 1])
+        self.repetition.index_copy_(0, taken, p[:, 2])
+        longest = max(len(h) for h in history)
+        if longest:  # a retracted request's output before its re-prefill
+            toks = torch.zeros(len(history), longest, dtype=torch.int64)
+            mask = torch.zeros(len(history), longest, dtype=torch.float32)
+            for j, h in enumerate(history):
+                toks[j, : len(h)] = torch.tensor(h, dtype=torch.int64)
+                mask[j, : len(h)] = 1.0
+            self.counts.index_put_((taken.view(-1, 1).expand(-1, longest), toks.to(dev, non_blocking=True)),
+                                   mask.to(dev, non_blocking=True), accumulate=True)
+        first = first_tokens.view(-1).to(torch.int64)[_to_device(pen_idx, torch.int64, dev)]
+        self.counts.index_put_((taken, first), torch.ones(len(pen_idx), dtype=torch.float32, device=dev),
+                               accumulate=True)
+
+    # ---- device: every step ------------------------------------------------------------------------
+    def commit(self, slots: torch.Tensor, committed: torch.Tensor, accept_lens: torch.Tensor) -> None:
+        """Add ``committed[b, :accept_lens[b]]`` to each request's counts (unpenalised rows land in the sink)."""
+        bs, w = committed.shape
+        rows = self.slot_row[slots.to(torch.int64)]
+        live = torch.arange(w, device=committed.device).view(1, w) < accept_lens.view(bs, 1)
+        self.counts.index_put_((rows.view(bs, 1).expand(bs, w), committed.to(torch.int64)), live.to(torch.float32),
+                               accumulate=True)
+
+    def apply(self, logits: torch.Tensor, verify_ids: torch.Tensor, slots: torch.Tensor, batch_rows: Iterable[int],
+              bias: Optional[torch.Tensor] = None) -> None:
+        """Penalise, in place, the verify logits ``[bs, W, V]`` of the batch rows ``batch_rows`` (host ints: the
+        requests that hold a row), whose request-pool slots are ``slots [bs]``. ``bias [bs, V]``: a logit bias the
+        logits already carry; plain decoding adds it after the penalties, so it is taken out first and put back."""
+        idx = _to_device(list(batch_rows), torch.int64, logits.device)
+        rows = self.slot_row[slots.to(torch.int64).index_select(0, idx)]
+        picked = logits.index_select(0, idx)
+        if bias is not None:
+            b = bias.index_select(0, idx).unsqueeze(1).to(logits.dtype)
+            picked.sub_(b)
+        out = apply_window_penalties(picked, self.counts.index_select(0, rows), verify_ids.index_select(0, idx),
+                                     self.frequency[rows], self.presence[rows], self.repetition[rows])
+        if bias is not None:
+            out.add_(b)
+        logits.index_copy_(0, idx, out)
