@@ -29,6 +29,8 @@
 #                   graph == eager test
 #   bench_online    scripts/bench_online.py: the online calibration's apply and deferred scoring, torch against
 #                   their Triton kernels, eager and as a CUDA-graph replay, bs {1,4,32,128}
+#   bench_penalties scripts/bench_penalties.py: the DSpark worker's penalties at every verify position (in place
+#                   against the reference, time and peak memory, bit-equal check) at k x W x V up to 48 x 16 x 152064
 #   bench_ngram     scripts/bench_ngram.py on CUDA, bs {1,4,32,128} x history {1k,8k,32k,128k}, torch and
 #                   Triton; then the Triton column again as CUDA-graph replays (bench_ngram_graph)
 #   bench_corpus    scripts/bench_ngram.py --corpus: the cross-request corpus's lookup and insert, torch and
@@ -268,6 +270,9 @@ run_section bench_step_fair test 90 "$WORK/bench_step_fair.md" TRITON_INTERPRET=
 # The online calibration's apply and deferred scoring: torch against their Triton kernels, eager and graph
 run_section bench_online bench 60 "$WORK/bench_online.md" TRITON_INTERPRET="$INTERP" -- \
     "$PY" scripts/bench_online.py --device "$DEV" --bs 1,4,32,128
+# The penalties at every verify position (penalties.py): in place against the reference, time and peak memory
+run_section bench_penalties bench 60 "$WORK/bench_penalties.md" -- \
+    "$PY" scripts/bench_penalties.py --device "$DEV" --shapes 1x8x152064,8x8x152064,32x8x152064,48x16x152064
 
 SEL_RUN=()
 SEL_NOTES=()

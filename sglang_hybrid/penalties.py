@@ -23,25 +23,60 @@ from typing import Iterable, List, Optional, Sequence
 import torch
 
 
-def apply_window_penalties(logits: torch.Tensor, counts: torch.Tensor, verify_ids: torch.Tensor,
-                           frequency: torch.Tensor, presence: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
-    """Penalised copy of the verify logits of ``k`` requests.
+def _penalise(x: torch.Tensor, n: torch.Tensor, f: torch.Tensor, p: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """SGLang's formula on logits ``x`` with counts ``n`` (parameters broadcast against them): the additive term
+    ``-(n f) - p [n > 0]`` first, then positive logits divided by ``r`` where ``n > 0``, negative ones multiplied."""
+    seen = n > 0
+    out = x + (n * f).neg_().sub_(seen * p).to(x.dtype)
+    scale = torch.where(seen, r.to(x.dtype), torch.ones((), dtype=x.dtype, device=x.device))
+    return torch.where(out < 0, out * scale, out / scale)
 
-    ``logits [k, W, V]``: the target's logits at the ``W`` verify positions; ``counts [k, V]``: each request's output
-    token counts before the window (its root token, the last committed, included); ``verify_ids [k, W]``: the
-    window's tokens (column 0 the root, columns ``1..`` the drafts; position ``j`` adds columns ``1..j``);
-    ``frequency`` / ``presence`` / ``repetition`` ``[k]``. Returns ``[k, W, V]`` in ``logits``' dtype."""
+
+def apply_window_penalties_ref(logits: torch.Tensor, counts: torch.Tensor, verify_ids: torch.Tensor,
+                               frequency: torch.Tensor, presence: torch.Tensor,
+                               repetition: torch.Tensor) -> torch.Tensor:
+    """Reference of :func:`apply_window_penalties`: every position's counts materialised (``[k, W, V]``, a
+    cumulative sum of the drafts' one-hots), then the formula everywhere. Returns a new tensor."""
     k, w, v = logits.shape
     drafts = torch.zeros(k, w, v, dtype=counts.dtype, device=counts.device)
     if w > 1:
         drafts[:, 1:].scatter_(2, verify_ids[:, 1:, None].to(torch.int64), 1.0)
     n = drafts.cumsum_(1).add_(counts[:, None, :])
-    seen = n > 0
-    additive = (n * frequency.view(k, 1, 1)).neg_().sub_(seen * presence.view(k, 1, 1))
-    out = logits + additive.to(logits.dtype)
-    scale = torch.where(seen, repetition.view(k, 1, 1).to(logits.dtype), torch.ones((), dtype=logits.dtype,
-                                                                                        device=logits.device))
-    return torch.where(out < 0, out * scale, out / scale)
+    return _penalise(logits, n, frequency.view(k, 1, 1), presence.view(k, 1, 1), repetition.view(k, 1, 1))
+
+
+def apply_window_penalties(logits: torch.Tensor, counts: torch.Tensor, verify_ids: torch.Tensor,
+                           frequency: torch.Tensor, presence: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
+    """Penalise the verify logits of ``k`` requests in place (and return them).
+
+    ``logits [k, W, V]``: the target's logits at the ``W`` verify positions; ``counts [k, V]``: each request's output
+    token counts before the window (its root token, the last committed, included); ``verify_ids [k, W]``: the
+    window's tokens (column 0 the root, columns ``1..`` the drafts; position ``j`` adds columns ``1..j``);
+    ``frequency`` / ``presence`` / ``repetition`` ``[k]``.
+
+    Only the drafts' own tokens see counts that differ along the window, so the whole block takes the counts before
+    the window (broadcast, in place: besides ``logits`` it holds one ``[k, W, V]`` temporary at a time), and the
+    ``W x (W - 1)`` entries at the drafts' tokens are recomputed from their raw values with their position's counts
+    and written back. Bit for bit :func:`apply_window_penalties_ref`."""
+    k, w, v = logits.shape
+    f, p, r = frequency.view(k, 1), presence.view(k, 1), repetition.view(k, 1)
+    ids = verify_ids[:, 1:].to(torch.int64)  # [k, w - 1] the drafts
+    at = ids.view(k, 1, w - 1).expand(k, w, w - 1)
+    raw = logits.gather(2, at)  # [k, w, w - 1]: every position's logits at every draft's token, before
+    seen = counts > 0
+    logits.add_((counts * f).neg_().sub_(seen * p).to(logits.dtype).unsqueeze(1))
+    scale = torch.where(seen, r.to(logits.dtype), torch.ones((), dtype=logits.dtype, device=logits.device))
+    one = torch.ones((), dtype=logits.dtype, device=logits.device)
+    logits.mul_(torch.where(logits < 0, scale.unsqueeze(1), one))  # x * 1 and x / 1 are exact: the two passes
+    logits.div_(torch.where(logits < 0, one, scale.unsqueeze(1)))  # equal where(x < 0, x * s, x / s)
+    if w > 1:
+        # counts at position j of draft i's token: before the window, plus its occurrences among drafts 1..j
+        same = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(counts.dtype)  # [k, i, i']
+        occ = torch.zeros(k, w, w - 1, dtype=counts.dtype, device=counts.device)
+        occ[:, 1:] = same.cumsum(2).transpose(1, 2)  # occ[:, j, i] = #{1 <= i' <= j: ids[i'] == ids[i]}
+        n = counts.gather(1, ids).unsqueeze(1) + occ
+        logits.scatter_(2, at, _penalise(raw, n, f.unsqueeze(2), p.unsqueeze(2), r.unsqueeze(2)))
+    return logits
 
 
 def _to_device(values, dtype, device) -> torch.Tensor:
@@ -163,14 +198,18 @@ class PenaltyTable:
         """Penalise, in place, the verify logits ``[bs, W, V]`` of the batch rows ``batch_rows`` (host ints: the
         requests that hold a row), whose request-pool slots are ``slots [bs]``. ``bias [bs, V]``: a logit bias the
         logits already carry; plain decoding adds it after the penalties, so it is taken out first and put back."""
-        idx = _to_device(list(batch_rows), torch.int64, logits.device)
+        batch_rows = list(batch_rows)
+        idx = _to_device(batch_rows, torch.int64, logits.device)
         rows = self.slot_row[slots.to(torch.int64).index_select(0, idx)]
-        picked = logits.index_select(0, idx)
+        every = batch_rows == list(range(logits.shape[0]))  # host-known: then in place, no gather
+        picked = logits if every else logits.index_select(0, idx)
         if bias is not None:
-            b = bias.index_select(0, idx).unsqueeze(1).to(logits.dtype)
+            b = (bias if every else bias.index_select(0, idx)).unsqueeze(1).to(logits.dtype)
             picked.sub_(b)
-        out = apply_window_penalties(picked, self.counts.index_select(0, rows), verify_ids.index_select(0, idx),
-                                     self.frequency[rows], self.presence[rows], self.repetition[rows])
+        apply_window_penalties(picked, self.counts.index_select(0, rows),
+                               verify_ids if every else verify_ids.index_select(0, idx),
+                               self.frequency[rows], self.presence[rows], self.repetition[rows])
         if bias is not None:
-            out.add_(b)
-        logits.index_copy_(0, idx, out)
+            picked.add_(b)
+        if not every:
+            logits.index_copy_(0, idx, picked)

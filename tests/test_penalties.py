@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_hybrid.penalties import PenaltyTable, apply_window_penalties, is_penalised
+from sglang_hybrid.penalties import PenaltyTable, apply_window_penalties, apply_window_penalties_ref, is_penalised
 
 V = 37
 
@@ -88,21 +88,44 @@ def test_window_penalties_equal_sglangs_penalizers_position_by_position(seed):
     f = torch.tensor([sp.frequency_penalty for sp in sps])
     p = torch.tensor([sp.presence_penalty for sp in sps])
     r = torch.tensor([sp.repetition_penalty for sp in sps])
-    got = apply_window_penalties(logits, counts, ids, f, p, r)
+    got = apply_window_penalties_ref(logits, counts, ids, f, p, r)
     for i in range(k):
         for j in range(w):
             want = _sglang_penalised(logits[i, j], sps[i], outputs[i] + ids[i, 1: j + 1].tolist())
             assert torch.equal(got[i, j], want), (i, j)
 
 
-def test_window_penalties_leave_neutral_rows_and_negative_infinities_alone():
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("w", [1, 2, 5, 9])
+def test_in_place_window_penalties_equal_the_reference_bit_for_bit(seed, w):
+    """The in-place version (the block at the counts before the window, the drafts' entries recomputed) against
+    the reference that materialises every position's counts: random logits and parameters, drafts drawn from a
+    few tokens (repeats, the root among them), tokens with and without counts, logits exactly 0."""
+    g = torch.Generator().manual_seed(100 + seed)
+    k = 5
+    logits = torch.randn(k, w, V, generator=g) * 4
+    logits[:, :, 0] = 0.0
+    counts = torch.randint(0, 3, (k, V), generator=g).float() * (torch.rand(k, V, generator=g) < 0.3)
+    ids = torch.randint(0, 4 if seed % 2 else V, (k, w), generator=g)
+    f = torch.randn(k, generator=g).clamp(-2, 2)
+    p = torch.randn(k, generator=g).clamp(-2, 2)
+    r = torch.rand(k, generator=g) * 1.9 + 0.1
+    if seed == 0:  # neutral rows
+        f[0], p[0], r[0] = 0.0, 0.0, 1.0
+    want = apply_window_penalties_ref(logits, counts, ids, f, p, r)
+    got = apply_window_penalties(logits.clone(), counts, ids, f, p, r)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("impl", [apply_window_penalties, apply_window_penalties_ref])
+def test_window_penalties_leave_neutral_rows_and_negative_infinities_alone(impl):
     g = torch.Generator().manual_seed(0)
     logits, outputs, ids = _case(g, 2, 4)
     logits[1, 2, 3] = float("-inf")  # a grammar mask's -inf stays -inf under every penalty
     counts = torch.zeros(2, V)
     counts[1, 3] = 2
-    got = apply_window_penalties(logits, counts, ids, torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]),
-                                 torch.tensor([1.0, 1.3]))
+    got = impl(logits.clone(), counts, ids, torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]),
+               torch.tensor([1.0, 1.3]))
     assert torch.equal(got[0], logits[0])
     assert got[1, 2, 3] == float("-inf")
     assert not torch.equal(got[1], logits[1])
@@ -121,10 +144,10 @@ def test_a_logit_bias_the_logits_carry_is_added_after_the_penalties_as_plain_dec
     got = logits + bias[:, None, :]
     table.apply(got, ids, torch.tensor([0, 1]), [0, 1], bias=bias)
     counts = table.counts[:2]
-    want = apply_window_penalties(logits, counts, ids, table.frequency[:2], table.presence[:2],
-                                  table.repetition[:2]) + bias[:, None, :]
+    want = apply_window_penalties_ref(logits, counts, ids, table.frequency[:2], table.presence[:2],
+                                      table.repetition[:2]) + bias[:, None, :]
     assert torch.allclose(got, want, atol=1e-5, rtol=0)
-    wrong = apply_window_penalties(logits + bias[:, None, :], counts, ids, table.frequency[:2], table.presence[:2],
+    wrong = apply_window_penalties_ref(logits + bias[:, None, :], counts, ids, table.frequency[:2], table.presence[:2],
                                    table.repetition[:2])
     assert not torch.allclose(got, wrong, atol=1e-3, rtol=0)
 
