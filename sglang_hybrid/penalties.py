@@ -7,13 +7,15 @@ positive logits by ``repetition_penalty`` where ``n > 0`` and multiplies negativ
 them to one token at a time. A speculative verify scores ``window`` positions at once, and position ``j``'s
 next token follows the drafts at positions ``1..j``: were they accepted, they are output too. So position ``j``
 is penalised with the counts of the output so far *plus* those drafts; that is what :func:`apply_window_penalties`
-does, and it is what makes a greedy verify commit exactly plain decoding's tokens.
+does, and it is what makes a greedy verify commit exactly plain decoding's tokens. ``min_new_tokens`` likewise:
+position ``j``'s stop tokens are held back while the output before it is shorter (:func:`mask_stop_tokens`).
 
 :class:`PenaltyTable` keeps the counts on the device: one ``[rows, vocab]`` float32 row per penalised request (a
 fixed number of rows, option ``penalty_rows``; one more row is a sink the unpenalised requests' commits land in),
-the per-row parameters, and the map request-pool slot -> row. The host assigns rows at prefill (it knows each
+the per-row parameters (and ``min_new_tokens``: the output length so far and the stop tokens it holds back), and
+the map request-pool slot -> row. The host assigns rows at prefill (it knows each
 request's sampling parameters); the device adds every committed token after each verify (no sync, stream order
-keeps the next verify reading the counts the last one committed). Memory: ``(rows + 1) * vocab * 4`` bytes.
+keeps the next verify reading the counts the last one committed). Memory: ``(rows + 1) * vocab * 5`` bytes.
 """
 
 from __future__ import annotations
@@ -88,9 +90,34 @@ def _to_device(values, dtype, device) -> torch.Tensor:
 
 
 def is_penalised(sampling_params) -> bool:
-    """Whether a request's ``SamplingParams`` set a count-based penalty (what :class:`PenaltyTable` applies)."""
+    """Whether a request's ``SamplingParams`` set a penalty :class:`PenaltyTable` applies: frequency, presence or
+    repetition, or ``min_new_tokens``."""
     return (sampling_params.frequency_penalty != 0.0 or sampling_params.presence_penalty != 0.0
-            or sampling_params.repetition_penalty != 1.0)
+            or sampling_params.repetition_penalty != 1.0 or sampling_params.min_new_tokens > 0)
+
+
+def stop_token_ids(req) -> List[int]:
+    """The tokens ``min_new_tokens`` holds back, as SGLang's ``BatchedMinNewTokensPenalizer`` gathers them: the
+    request's ``stop_token_ids``, its ``eos_token_ids``, and its tokenizer's additional stop tokens and EOS."""
+    tok = getattr(req, "tokenizer", None)
+    ids = set(req.sampling_params.stop_token_ids or ()) | set(req.eos_token_ids or ())
+    if tok is not None:
+        ids |= set(getattr(tok, "additional_stop_token_ids", None) or ())
+        if getattr(tok, "eos_token_id", None) is not None:
+            ids.add(tok.eos_token_id)
+    return sorted(i for i in ids if i is not None)
+
+
+def mask_stop_tokens(logits: torch.Tensor, out_len: torch.Tensor, min_new: torch.Tensor,
+                     stop: torch.Tensor) -> torch.Tensor:
+    """``min_new_tokens`` at every verify position, in place: ``logits [k, W, V]``, ``out_len [k]`` the output tokens
+    before the window's first prediction (its root included), ``min_new [k]``, ``stop [k, V]`` bool. Position ``j``
+    predicts output token ``out_len + j + 1``; while ``out_len + j < min_new`` its stop tokens get ``-inf`` (SGLang adds
+    ``-inf`` to them while the output is shorter than ``min_new_tokens``)."""
+    k, w, _ = logits.shape
+    pos = torch.arange(w, device=logits.device, dtype=out_len.dtype).view(1, w)
+    held = (out_len.view(k, 1) + pos) < min_new.view(k, 1)
+    return logits.masked_fill_(held.unsqueeze(2) & stop.unsqueeze(1), float("-inf"))
 
 
 class PenaltyTable:
@@ -105,6 +132,9 @@ class PenaltyTable:
         self.frequency = torch.zeros(rows + 1, dtype=torch.float32, device=device)
         self.presence = torch.zeros(rows + 1, dtype=torch.float32, device=device)
         self.repetition = torch.ones(rows + 1, dtype=torch.float32, device=device)
+        self.min_new = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+        self.out_len = torch.zeros(rows + 1, dtype=torch.int32, device=device)  # output tokens committed
+        self.stop = torch.zeros(rows + 1, vocab, dtype=torch.bool, device=device)  # min_new_tokens' stop tokens
         self.slot_row = torch.full((num_slots,), self.sink, dtype=torch.int64, device=device)
         # host side: which request holds each row (its rid and slot), and the free rows
         self._free: List[int] = list(range(rows - 1, -1, -1))
@@ -143,6 +173,8 @@ class PenaltyTable:
         pen_idx: List[int] = []
         params: List[tuple] = []
         history: List[List[int]] = []
+        lens: List[tuple] = []  # (min_new_tokens, output tokens with the first one)
+        stops: List[List[int]] = []
         for i, (req, slot) in enumerate(zip(reqs, slots)):
             for row, (rid, held_slot, _req) in list(self._holder.items()):
                 if held_slot == slot or rid == req.rid:
@@ -160,6 +192,8 @@ class PenaltyTable:
                     pen_idx.append(i)
                     params.append((sp.frequency_penalty, sp.presence_penalty, sp.repetition_penalty))
                     history.append(list(req.output_ids))
+                    lens.append((sp.min_new_tokens, len(history[-1]) + 1))
+                    stops.append(stop_token_ids(req) if sp.min_new_tokens > 0 else [])
             rows.append(row)
         dev = self.device
         self.slot_row.index_copy_(0, slots_dev.to(torch.int64), _to_device(rows, torch.int64, dev))
@@ -171,6 +205,14 @@ class PenaltyTable:
         self.frequency.index_copy_(0, taken, p[:, 0])
         self.presence.index_copy_(0, taken, p[:, 1])
         self.repetition.index_copy_(0, taken, p[:, 2])
+        n = _to_device(lens, torch.int32, dev)
+        self.min_new.index_copy_(0, taken, n[:, 0])
+        self.out_len.index_copy_(0, taken, n[:, 1])
+        self.stop.index_fill_(0, taken, False)
+        held = [(j, t) for j, ids in enumerate(stops) for t in ids if 0 <= t < self.vocab]
+        if held:
+            at = _to_device(held, torch.int64, dev)
+            self.stop.index_put_((taken[at[:, 0]], at[:, 1]), torch.ones((), dtype=torch.bool, device=dev))
         longest = max(len(h) for h in history)
         if longest:  # a retracted request's output before its re-prefill
             toks = torch.zeros(len(history), longest, dtype=torch.int64)
@@ -192,12 +234,15 @@ class PenaltyTable:
         live = torch.arange(w, device=committed.device).view(1, w) < accept_lens.view(bs, 1)
         self.counts.index_put_((rows.view(bs, 1).expand(bs, w), committed.to(torch.int64)), live.to(torch.float32),
                                accumulate=True)
+        self.out_len.index_add_(0, rows, accept_lens.to(torch.int32))
 
     def apply(self, logits: torch.Tensor, verify_ids: torch.Tensor, slots: torch.Tensor, batch_rows: Iterable[int],
-              bias: Optional[torch.Tensor] = None) -> None:
+              bias: Optional[torch.Tensor] = None, min_new: bool = False) -> None:
         """Penalise, in place, the verify logits ``[bs, W, V]`` of the batch rows ``batch_rows`` (host ints: the
         requests that hold a row), whose request-pool slots are ``slots [bs]``. ``bias [bs, V]``: a logit bias the
-        logits already carry; plain decoding adds it after the penalties, so it is taken out first and put back."""
+        logits already carry; plain decoding adds it after the penalties, so it is taken out first and put back.
+        ``min_new``: some of these requests may still be under ``min_new_tokens`` (host-known; the device decides
+        per position)."""
         batch_rows = list(batch_rows)
         idx = _to_device(batch_rows, torch.int64, logits.device)
         rows = self.slot_row[slots.to(torch.int64).index_select(0, idx)]
@@ -209,6 +254,8 @@ class PenaltyTable:
         apply_window_penalties(picked, self.counts.index_select(0, rows),
                                verify_ids if every else verify_ids.index_select(0, idx),
                                self.frequency[rows], self.presence[rows], self.repetition[rows])
+        if min_new:
+            mask_stop_tokens(picked, self.out_len[rows], self.min_new[rows], self.stop[rows])
         if bias is not None:
             picked.add_(b)
         if not every:

@@ -18,19 +18,30 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_hybrid.penalties import PenaltyTable, apply_window_penalties, apply_window_penalties_ref, is_penalised
+from sglang_hybrid.penalties import (
+    PenaltyTable,
+    apply_window_penalties,
+    apply_window_penalties_ref,
+    is_penalised,
+    mask_stop_tokens,
+    stop_token_ids,
+)
 
 V = 37
 
 
-def _params(freq=0.0, pres=0.0, rep=1.0, min_new=0):
+def _params(freq=0.0, pres=0.0, rep=1.0, min_new=0, stop=None):
     return SimpleNamespace(frequency_penalty=freq, presence_penalty=pres, repetition_penalty=rep,
-                           min_new_tokens=min_new)
+                           min_new_tokens=min_new, stop_token_ids=stop)
+
+
+_TOKENIZER = SimpleNamespace(additional_stop_token_ids={V - 2}, eos_token_id=V - 1)
 
 
 class _Req:
-    def __init__(self, rid, sp, output_ids=(), done=False):
+    def __init__(self, rid, sp, output_ids=(), done=False, eos=None):
         self.rid, self.sampling_params, self.output_ids, self._done = rid, sp, list(output_ids), done
+        self.eos_token_ids, self.tokenizer = eos, _TOKENIZER
 
     def finished(self):
         return self._done
@@ -46,11 +57,11 @@ def _sglang_penalised(logits_row: torch.Tensor, sp, history):
     from sglang.srt.sampling import penaltylib
     from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 
-    batch = _Batch([SimpleNamespace(sampling_params=sp)])
+    batch = _Batch([SimpleNamespace(sampling_params=sp, eos_token_ids=None, tokenizer=_TOKENIZER)])
     orch = penaltylib.BatchedPenalizerOrchestrator(
         vocab_size=V, batch=batch,
         penalizers={penaltylib.BatchedFrequencyPenalizer, penaltylib.BatchedPresencePenalizer,
-                    penaltylib.BatchedRepetitionPenalizer})
+                    penaltylib.BatchedRepetitionPenalizer, penaltylib.BatchedMinNewTokensPenalizer})
     for t in history:
         orch.cumulate_output_tokens(torch.tensor([t]))
     out = logits_row.clone().view(1, V)
@@ -152,10 +163,33 @@ def test_a_logit_bias_the_logits_carry_is_added_after_the_penalties_as_plain_dec
     assert not torch.allclose(got, wrong, atol=1e-3, rtol=0)
 
 
-def test_is_penalised_reads_the_three_count_penalties_only():
+def test_is_penalised_reads_the_count_penalties_and_min_new_tokens():
     assert not is_penalised(_params())
-    assert not is_penalised(_params(min_new=4))  # min_new_tokens is not applied by the table
     assert is_penalised(_params(freq=0.1)) and is_penalised(_params(pres=-0.1)) and is_penalised(_params(rep=1.1))
+    assert is_penalised(_params(min_new=4))
+
+
+def test_stop_tokens_gather_what_sglangs_min_new_tokens_penalizer_holds_back():
+    req = _Req("a", _params(min_new=3, stop={4, 9}), eos={7})
+    assert stop_token_ids(req) == [4, 7, 9, V - 2, V - 1]
+    req.tokenizer = None  # no tokenizer (skip_tokenizer_init): the request's own
+    assert stop_token_ids(req) == [4, 7, 9]
+
+
+def test_mask_stop_tokens_holds_them_back_until_the_output_is_long_enough():
+    g = torch.Generator().manual_seed(5)
+    k, w = 3, 6
+    logits = torch.randn(k, w, V, generator=g)
+    stop = torch.zeros(k, V, dtype=torch.bool)
+    stop[:, 2] = True
+    stop[1, 5] = True
+    out_len, min_new = torch.tensor([1, 3, 9], dtype=torch.int32), torch.tensor([4, 3, 12], dtype=torch.int32)
+    got = mask_stop_tokens(logits.clone(), out_len, min_new, stop)
+    for i in range(k):
+        for j in range(w):
+            held = int(out_len[i]) + j < int(min_new[i])  # plain decoding: output shorter than min_new_tokens
+            want = logits[i, j].masked_fill(stop[i] & held, float("-inf"))
+            assert torch.equal(got[i, j], want), (i, j)
 
 
 def test_table_rows_at_prefill_release_refuse_and_reclaim():
@@ -216,15 +250,19 @@ def _plain(first: int, n: int, sp) -> list:
 @pytest.mark.parametrize("seed", range(4))
 def test_speculative_verify_with_the_table_commits_plain_decodings_tokens(seed):
     """Greedy verify of drafts (half of them plain decoding's own next tokens, the rest wrong; the window's drafts
-    repeat each other) with the table's penalties commits exactly plain penalised decoding's tokens."""
+    repeat each other) with the table's penalties and min_new_tokens commits exactly plain penalised decoding's
+    tokens (SGLang's penalizers, min_new_tokens' included)."""
     g = torch.Generator().manual_seed(seed)
     n, w = 24, 5
-    sps = [_params(freq=0.5), _params(pres=1.25), _params(rep=1.5), _params(freq=-0.5, pres=0.75, rep=1.25)]
-    firsts = torch.randint(0, V, (len(sps),), generator=g).tolist()
+    firsts = torch.randint(0, V, (6,), generator=g).tolist()
+    free = [_plain(f, n, _params()) for f in firsts[4:]]  # min_new_tokens holds back what they emit at 1-3
+    sps = [_params(freq=0.5), _params(pres=1.25), _params(rep=1.5), _params(freq=-0.5, pres=0.75, rep=1.25),
+           _params(min_new=5, stop=set(free[0][1:4])), _params(freq=0.5, min_new=3, stop={free[1][1]})]
     want = [_plain(f, n, sp) for f, sp in zip(firsts, sps)]
+    assert want[4] != free[0] and want[5][1] != free[1][1]  # min_new_tokens changes them
     reqs = [_Req(str(i), sp) for i, sp in enumerate(sps)]
-    slots = torch.tensor([3, 0, 2, 1])
-    table = PenaltyTable(num_slots=4, vocab=V, rows=4, device="cpu")
+    slots = torch.tensor([3, 0, 2, 1, 5, 4])
+    table = PenaltyTable(num_slots=6, vocab=V, rows=6, device="cpu")
     table.on_prefill(reqs, slots.tolist(), slots, first_tokens=torch.tensor(firsts))
     outs = [[f] for f in firsts]
     while min(len(o) for o in outs) < n:
@@ -236,7 +274,7 @@ def test_speculative_verify_with_the_table_commits_plain_decodings_tokens(seed):
                 ids[i, j] = right if torch.rand(1, generator=g) < 0.6 else int(ids[i, j - 1])
         logits = torch.stack([torch.stack([_toy_logits(int(ids[i, j]), len(outs[i]) + j) for j in range(w)])
                               for i in range(len(sps))])
-        table.apply(logits, ids, slots, range(len(sps)))
+        table.apply(logits, ids, slots, range(len(sps)), min_new=True)
         target = logits.argmax(-1)
         committed = torch.zeros(len(sps), w, dtype=torch.int64)
         lens = torch.zeros(len(sps), dtype=torch.int64)

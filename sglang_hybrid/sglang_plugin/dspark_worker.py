@@ -21,15 +21,16 @@ Where it hooks in (every attribute is declared in ``hooks.py``):
   kept (the same argument as for EAGLE's deterministic chains). Greedy drafts (``greedy_draft``) are one-hot
   already.
 * Penalties: SGLang 0.5.23's DSpark verify adds ``logit_bias`` at every position but applies no frequency,
-  presence or repetition penalty after a request's first token (it never feeds the output tokens to the
-  penalizers, and looks for DFlash's ``acc_linear_penalties``). This worker applies them itself (``penalties.py``):
-  the verify executor's ``accept_and_finalize`` is wrapped so that, before the accept, each penalised request's
-  logits at verify position ``j`` are penalised with its output's token counts plus the drafts at positions
-  ``1..j`` (kept on the device: rows given at prefill, every commit added after the step; the bias is taken out
-  and put back after, plain decoding's order). Greedy output then equals plain decoding's; sampling draws from the
-  penalised distribution. Not applied (counted in ``penalty_steps_unapplied``, warned once): ``min_new_tokens``
-  while it holds, and penalised requests beyond option ``penalty_rows``. The merge keeps ``folded=False``, so
-  neither the folded accept nor the sampling-accept graph (which read the logits inside a CUDA graph) runs.
+  presence or repetition penalty, nor ``min_new_tokens``, after a request's first token (it never feeds the output
+  tokens to the penalizers, and looks for DFlash's ``acc_linear_penalties``). This worker applies them itself
+  (``penalties.py``): the verify executor's ``accept_and_finalize`` is wrapped so that, before the accept, each
+  penalised request's logits at verify position ``j`` are penalised with its output's token counts plus the drafts
+  at positions ``1..j``, and its stop tokens held back while the output before ``j`` is shorter than
+  ``min_new_tokens`` (kept on the device: rows given at prefill, every commit added after the step; the bias is
+  taken out and put back, plain decoding's order). Greedy output then equals plain decoding's; sampling draws from
+  the penalised distribution. Penalised requests beyond option ``penalty_rows`` decode as on DSPARK (counted in
+  ``penalty_steps_unapplied``, warned once). The merge keeps ``folded=False``, so neither the folded accept nor
+  the sampling-accept graph (which read the logits inside a CUDA graph) runs.
 * ``_forward_prefill``: after SGLang's prefill, each request's prompt starts its token-history row.
 * ``_forward_decode``: after SGLang's step, the committed tokens (``next_token_ids``, accepted drafts and bonus at
   the front of each row) are appended to the history and the counters updated, on the device.
@@ -117,6 +118,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
         self._penalties: Optional[PenaltyTable] = None
         self._pen_rows: list = []  # this step's batch rows whose penalties the verify applies (host ints)
         self._pen_slots: Optional[torch.Tensor] = None  # this step's request-pool slots (batch.req_pool_indices)
+        self._pen_min_new = False  # whether min_new_tokens may still hold for one of this step's rows
         self._pen_steps = 0
         self._pen_steps_unapplied = 0
         if self._hosts_draft:
@@ -236,25 +238,27 @@ class HybridDSparkWorker(DSparkWorkerV2):
 
     # -- penalties (penalties.py) ----------------------------------------------------------------------------
     def _hybrid_penalty_rows(self, batch) -> None:
-        """Host side, before the step: the batch rows whose penalties the verify applies, and whether any
-        request's penalties go unapplied (no table row, or ``min_new_tokens`` still holding). A batch whose
-        penalizers are all off (the common case) costs one flag check, not a loop over its requests."""
+        """Host side, before the step: the batch rows whose penalties the verify applies (those holding a table
+        row), whether ``min_new_tokens`` may still hold for one of them, and whether a penalised request has no
+        row. A batch whose penalizers are all off (the common case) costs one flag check, not a loop."""
         self._pen_rows = []
+        self._pen_min_new = False
         if not carries_penalties(batch.sampling_info):
             return
-        unapplied = False
         table = self._penalties
+        refused = False
         for i, req in enumerate(batch.reqs):
             sp = req.sampling_params
-            if sp.min_new_tokens > 0 and len(req.output_ids) < sp.min_new_tokens:
-                unapplied = True
-            if is_penalised(sp):
-                if table is not None and table.row_of_slot(req.kv.req_pool_idx) is not None:
-                    self._pen_rows.append(i)
-                else:
-                    unapplied = True
-        if unapplied:
-            self._hybrid_note_unapplied("min_new_tokens, or more penalised requests than option penalty_rows "
+            if not is_penalised(sp):
+                continue
+            if table is not None and table.row_of_slot(req.kv.req_pool_idx) is not None:
+                self._pen_rows.append(i)
+                # the host's output lags the device's by up to a step: it may only over-state what still holds
+                self._pen_min_new |= len(req.output_ids) < sp.min_new_tokens
+            else:
+                refused = True
+        if refused:
+            self._hybrid_note_unapplied("more penalised requests than option penalty_rows "
                                         f"({0 if table is None else table.rows})")
 
     def _hybrid_penalise(self, kwargs: dict) -> None:
@@ -271,7 +275,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
         bias = None if info is None else info.logit_bias
         with sync_guard(self.hybrid._guard):  # the tests' guard: no host read of device data here
             self._penalties.apply(logits.view(bs, ids.shape[1], logits.shape[1]), ids, self._pen_slots, rows,
-                                  bias=None if bias is None else bias[:bs])
+                                  bias=None if bias is None else bias[:bs], min_new=self._pen_min_new)
         self._pen_steps += 1
 
     def _hybrid_note_unapplied(self, why: str) -> None:

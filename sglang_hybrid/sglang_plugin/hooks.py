@@ -167,7 +167,8 @@ REQ_TENANT_FIELDS = ("extra_key", "cache_salt", "routing_key")
 # per-request parameters of SamplingParams (fields of the msgspec struct). They are read by name, so a rename would
 # silently drop a request's penalties; checked here instead.
 SAMPLING_PENALTY_FIELDS = ("acc_additive_penalties", "acc_scaling_penalties")
-SAMPLING_PARAMS_PENALTY_FIELDS = ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens")
+SAMPLING_PARAMS_PENALTY_FIELDS = ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens",
+                                  "stop_token_ids")
 
 
 def check_host_api() -> list[str]:
@@ -231,9 +232,10 @@ def check_host_api() -> list[str]:
             problems.append(f"Req.__init__ lacks parameters {missing} (the tenant of option tenant_key)")
         from sglang.srt.managers.schedule_batch import ReqKvInfo
 
-        if "req_pool_idx" not in ReqKvInfo.__dataclass_fields__ or not callable(getattr(Req, "finished", None)):
-            problems.append("Req.kv.req_pool_idx or Req.finished() is gone (penalties.py: the penalised "
-                            "requests' rows)")
+        if ("req_pool_idx" not in ReqKvInfo.__dataclass_fields__ or not callable(getattr(Req, "finished", None))
+                or "eos_token_ids" not in inspect.signature(Req.__init__).parameters):
+            problems.append("Req.kv.req_pool_idx, Req.finished() or Req's eos_token_ids is gone (penalties.py: "
+                            "the penalised requests' rows and min_new_tokens' stop tokens)")
     except Exception as e:  # noqa: BLE001
         problems.append(f"Req: {type(e).__name__}: {e}")
     return problems

@@ -49,12 +49,14 @@ def hf_greedy(model_path: str, prompt: Sequence[int], max_new_tokens: int) -> Tu
 
 def hf_penalised(model_path: str, prompt: Sequence[int], max_new_tokens: int, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, repetition_penalty: float = 1.0,
-                 logit_bias: Optional[Dict[str, float]] = None) -> List[int]:
+                 logit_bias: Optional[Dict[str, float]] = None, min_new_tokens: int = 0,
+                 stop_token_ids: Sequence[int] = ()) -> List[int]:
     """Greedy continuation with SGLang's sampling penalties applied exactly at every token: the output's token
     counts ``n`` give ``- frequency * n - presence * [n > 0]`` (one additive term, as SGLang sums them), then
     positive logits divided by ``repetition`` where ``n > 0`` (negative ones multiplied), then ``logit_bias``
-    added. (SGLang's plain decoding without the overlap scheduler does exactly this; with it, SGLang 0.5.23 feeds
-    the penalizers one token late: README, Limits.)"""
+    added; ``stop_token_ids`` held back (``-inf``) while the output is shorter than ``min_new_tokens`` (no stopping
+    here: the caller cuts at a stop token). (SGLang's plain decoding without the overlap scheduler does exactly
+    this; with it, SGLang 0.5.23 feeds the penalizers one token late: README, Limits.)"""
     model = hf_model(model_path)
     out: List[int] = []
     step_input, past = torch.tensor([list(prompt)]), None
@@ -70,6 +72,8 @@ def hf_penalised(model_path: str, prompt: Sequence[int], max_new_tokens: int, fr
         logits = logits + (-(n * frequency_penalty) - seen * presence_penalty)
         scale = torch.where(seen, torch.tensor(repetition_penalty), torch.tensor(1.0))
         logits = torch.where(logits < 0, logits * scale, logits / scale) + bias
+        if len(out) < min_new_tokens:
+            logits[list(stop_token_ids)] = float("-inf")
         out.append(int(logits.argmax()))
         step_input = torch.tensor([[out[-1]]])
     return out

@@ -178,42 +178,49 @@ _PENALTIES = (dict(frequency_penalty=2.0), dict(presence_penalty=2.0), dict(repe
               dict(frequency_penalty=1.5, logit_bias={"77": 6.0}))
 
 
-def _penalised_batch(engine, prompts, hf_reference, tiny_models, extra_rows, extra_sps):
-    """Send prompts 0-3 with ``_PENALTIES`` and ``extra_rows`` with ``extra_sps`` in one batch; return (outputs,
-    penalised references, unpenalised references (the logit bias kept), metrics before, metrics after)."""
+def _penalised_batch(engine, prompts, hf_reference, tiny_models, extra_rows, extra_sps, tail=((), ())):
+    """Send prompts 0-3 with ``_PENALTIES``, ``extra_rows`` with ``extra_sps`` (greedy references) and ``tail`` (rows,
+    sampling params: the caller checks them) in one batch; return (outputs of 0-3 and of the tail, penalised
+    references, unpenalised references (the logit bias kept), metrics before, metrics after)."""
     rows = [0, 1, 2, 3]
-    sps = [dict(_greedy(MAX_NEW), **p) for p in _PENALTIES] + list(extra_sps)
+    sps = [dict(_greedy(MAX_NEW), **p) for p in _PENALTIES] + list(extra_sps) + list(tail[1])
     penalised = [hf_penalised(tiny_models.target, prompts[i], MAX_NEW, **p) for i, p in zip(rows, _PENALTIES)]
     plain = [hf_penalised(tiny_models.target, prompts[i], MAX_NEW, logit_bias=p.get("logit_bias"))
              for i, p in zip(rows, _PENALTIES)]
     assert all(a != b for a, b in zip(penalised, plain)), "the penalties must change every penalised output"
     before = engine.server_info()["internal_states"][0]["hybrid_spark"]
-    outputs = engine.generate([prompts[i] for i in rows + list(extra_rows)], sps)
+    outputs = engine.generate([prompts[i] for i in rows + list(extra_rows) + list(tail[0])], sps)
     after = engine.server_info()["internal_states"][0]["hybrid_spark"]
-    check_greedy(outputs[len(rows):], [hf_reference[i] for i in extra_rows], sps[len(rows):])
-    return outputs[: len(rows)], penalised, plain, before, after
+    n = len(rows) + len(extra_rows)
+    check_greedy(outputs[len(rows):n], [hf_reference[i] for i in extra_rows], sps[len(rows):n])
+    return outputs[: len(rows)] + outputs[n:], penalised, plain, before, after
 
 
 def test_penalised_requests_equal_plain_decoding_with_their_penalties(engine_pool, prompts, hf_reference,
                                                                       tiny_models):
-    """SGLang 0.5.23's DSpark verify applies no frequency / presence / repetition penalty after a request's first
-    token; HYBRID_SPARK applies them at every verify position (penalties.py), so each penalised request's greedy
-    output equals plain decoding's with its penalties (``hf_penalised``, SGLang's formula; the logit bias too), the
-    unpenalised ones beside them stay equal to their references, and n-gram chains are still chosen. A request
-    with ``min_new_tokens`` (not applied) is counted in ``penalty_steps_unapplied``; a batch without it is not."""
+    """SGLang 0.5.23's DSpark verify applies no frequency / presence / repetition penalty nor ``min_new_tokens``
+    after a request's first token; HYBRID_SPARK applies them at every verify position (penalties.py), so each
+    penalised request's greedy output equals plain decoding's with its penalties (``hf_penalised``, SGLang's
+    formula; the logit bias too), the unpenalised ones beside them stay equal to their references, and n-gram
+    chains are still chosen. A request whose second greedy token is a stop token, with ``min_new_tokens`` 4, runs
+    past it and stops at its first occurrence from the fifth token on, as plain decoding does."""
     engine = engine_pool.get("hybrid_dspark_compact")
+    stop = hf_reference[6][1]
+    held = dict(_greedy(MAX_NEW), min_new_tokens=4, stop_token_ids=[stop])
     outputs, penalised, _plain, before, after = _penalised_batch(
-        engine, prompts, hf_reference, tiny_models, [5, 6], [_greedy(MAX_NEW), dict(_greedy(MAX_NEW), min_new_tokens=4)])
-    assert [o["output_ids"] for o in outputs] == penalised
+        engine, prompts, hf_reference, tiny_models, [5], [_greedy(MAX_NEW)], tail=([6], [held]))
+    assert [o["output_ids"] for o in outputs[:4]] == penalised
+    ref = hf_penalised(tiny_models.target, prompts[6], MAX_NEW, min_new_tokens=4, stop_token_ids=[stop])
+    cut = next((k + 1 for k in range(4, MAX_NEW) if ref[k] == stop), MAX_NEW)
+    assert ref[:2] != hf_reference[6][:2] and outputs[4]["output_ids"] == ref[:cut], (outputs[4]["output_ids"], ref)
     assert after["penalty_steps"] - before["penalty_steps"] >= MAX_NEW // 8  # window 8: >= 4 steps
-    assert after["penalty_steps_unapplied"] > before["penalty_steps_unapplied"]  # min_new_tokens
+    assert after["penalty_steps_unapplied"] == before["penalty_steps_unapplied"]
     assert after["penalty_rows"] == 64 and after["penalty_rows_refused"] == before["penalty_rows_refused"]
     assert after["ngram_chosen"] > before["ngram_chosen"]
     again = engine.generate([prompts[5]], [_greedy(MAX_NEW)])
     check_greedy(again, [hf_reference[5]], [_greedy(MAX_NEW)])
     final = engine.server_info()["internal_states"][0]["hybrid_spark"]
-    assert final["penalty_steps_unapplied"] == after["penalty_steps_unapplied"], "a batch without penalties counted"
-    assert final["penalty_steps"] == after["penalty_steps"]
+    assert final["penalty_steps"] == after["penalty_steps"], "a batch without penalties was penalised"
     # Sampled penalised requests run through DSpark's rejection sampling on the penalised logits.
     sampled = [dict(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW, ignore_eos=True, **p) for p in _PENALTIES]
     outs = engine.generate([prompts[i] for i in range(4)], sampled)
