@@ -86,9 +86,9 @@ class HybridConfig:
     # "routing_key" = SGLang's routing key (traffic classes without salting the prefix cache), or both
     warmup: str = "auto"  # start-up warm-up (warmup.py): "auto" = on a GPU only, "on" = always, "off" = never
     step_graphs: str = "off"  # "on": replay propose / record as CUDA graphs, one per call shape (graphs.py; GPU)
-    penalty_rows: int = 64  # DSpark worker: requests with frequency / presence / repetition penalties or
-    # min_new_tokens served at once with them applied at every verify position (penalties.py; (rows + 1) x vocab x 5
-    # bytes of device memory); 0 = off (SGLang 0.5.23's DSpark verify then applies none after a request's first token)
+    penalty_rows: int = 64  # requests with frequency / presence / repetition penalties or min_new_tokens served
+    # at once with them applied exactly at every verify position (penalties.py; (rows + 1) x vocab x 5 bytes of
+    # device memory); 0 = off (SGLang's own: none after the first token on DSpark, "relaxed" on EAGLE drafts)
 
     def validate(self) -> None:
         def bad(key: str, why: str) -> HybridConfigError:

@@ -81,7 +81,7 @@ def apply_window_penalties(logits: torch.Tensor, counts: torch.Tensor, verify_id
     return logits
 
 
-def _to_device(values, dtype, device) -> torch.Tensor:
+def to_device(values, dtype, device) -> torch.Tensor:
     """A small host list on the device without waiting on it (pinned where there is a GPU)."""
     t = torch.tensor(values, dtype=dtype)
     if torch.device(device).type == "cuda":
@@ -196,22 +196,22 @@ class PenaltyTable:
                     stops.append(stop_token_ids(req) if sp.min_new_tokens > 0 else [])
             rows.append(row)
         dev = self.device
-        self.slot_row.index_copy_(0, slots_dev.to(torch.int64), _to_device(rows, torch.int64, dev))
+        self.slot_row.index_copy_(0, slots_dev.to(torch.int64), to_device(rows, torch.int64, dev))
         if not pen_idx:
             return
-        taken = _to_device([rows[i] for i in pen_idx], torch.int64, dev)
-        p = _to_device(params, torch.float32, dev)
+        taken = to_device([rows[i] for i in pen_idx], torch.int64, dev)
+        p = to_device(params, torch.float32, dev)
         self.counts.index_fill_(0, taken, 0.0)
         self.frequency.index_copy_(0, taken, p[:, 0])
         self.presence.index_copy_(0, taken, p[:, 1])
         self.repetition.index_copy_(0, taken, p[:, 2])
-        n = _to_device(lens, torch.int32, dev)
+        n = to_device(lens, torch.int32, dev)
         self.min_new.index_copy_(0, taken, n[:, 0])
         self.out_len.index_copy_(0, taken, n[:, 1])
         self.stop.index_fill_(0, taken, False)
         held = [(j, t) for j, ids in enumerate(stops) for t in ids if 0 <= t < self.vocab]
         if held:
-            at = _to_device(held, torch.int64, dev)
+            at = to_device(held, torch.int64, dev)
             self.stop.index_put_((taken[at[:, 0]], at[:, 1]), torch.ones((), dtype=torch.bool, device=dev))
         longest = max(len(h) for h in history)
         if longest:  # a retracted request's output before its re-prefill
@@ -222,7 +222,7 @@ class PenaltyTable:
                 mask[j, : len(h)] = 1.0
             self.counts.index_put_((taken.view(-1, 1).expand(-1, longest), toks.to(dev, non_blocking=True)),
                                    mask.to(dev, non_blocking=True), accumulate=True)
-        first = first_tokens.view(-1).to(torch.int64)[_to_device(pen_idx, torch.int64, dev)]
+        first = first_tokens.view(-1).to(torch.int64)[to_device(pen_idx, torch.int64, dev)]
         self.counts.index_put_((taken, first), torch.ones(len(pen_idx), dtype=torch.float32, device=dev),
                                accumulate=True)
 
@@ -244,7 +244,7 @@ class PenaltyTable:
         ``min_new``: some of these requests may still be under ``min_new_tokens`` (host-known; the device decides
         per position)."""
         batch_rows = list(batch_rows)
-        idx = _to_device(batch_rows, torch.int64, logits.device)
+        idx = to_device(batch_rows, torch.int64, logits.device)
         rows = self.slot_row[slots.to(torch.int64).index_select(0, idx)]
         every = batch_rows == list(range(logits.shape[0]))  # host-known: then in place, no gather
         picked = logits if every else logits.index_select(0, idx)

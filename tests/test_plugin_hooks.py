@@ -129,13 +129,12 @@ def test_dspark_algo_answers_as_sglangs_dspark(monkeypatch):
 
 
 def test_carries_penalties_reads_which_tensors_exist_and_the_penalizer_flag():
-    """The DSpark worker loops over a batch's requests for penalties only when this host check says a penalizer is
-    on: the overlap scheduler's accumulated tensors exist, or the penalizer's flag (without overlap)."""
+    """The workers loop over a batch's requests for penalties only when this host check says a penalizer is on: the overlap scheduler's accumulated tensors exist, or the penalizer's flag (without overlap)."""
     from types import SimpleNamespace
 
     import torch
 
-    from sglang_hybrid.sglang_plugin.dspark_worker import carries_penalties
+    from sglang_hybrid.sglang_plugin.penalty_glue import carries_penalties
 
     none = dict(acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=torch.zeros(1, 4),
                 penalizer_orchestrator=None)

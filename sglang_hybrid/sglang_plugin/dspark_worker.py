@@ -53,12 +53,10 @@ import torch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
-from ..hostsync import sync_guard
-from ..penalties import PenaltyTable, is_penalised
 from ..step import HybridStep, Proposal
 from .common import load_options, load_sps2d, write_prefill_history
 from .dspark_args import check_sps_table, model_chain_gamma
-from .hooks import SAMPLING_PENALTY_FIELDS, SUPPORTED_SGLANG
+from .penalty_glue import WorkerPenalties
 
 logger = logging.getLogger("sglang_hybrid")
 
@@ -76,18 +74,6 @@ class HybridProposer:
     def propose(self, **kwargs: Any):
         proposal = self._inner.propose(**kwargs)
         return self._worker._hybrid_merge(kwargs["batch"], proposal, kwargs.get("sampling_info"))
-
-
-def carries_penalties(sampling_info: Any) -> bool:
-    """Whether any request of a decode batch has a penalizer on (frequency, presence, repetition, min_new_tokens):
-    the overlap scheduler's accumulated tensors exist, or (without overlap) the penalizer's host flag is set. Reads
-    no tensor data, so no sync."""
-    if sampling_info is None:
-        return False
-    if any(getattr(sampling_info, f, None) is not None for f in SAMPLING_PENALTY_FIELDS):
-        return True
-    orchestrator = getattr(sampling_info, "penalizer_orchestrator", None)
-    return bool(orchestrator is not None and orchestrator.is_required)
 
 
 def _sps_table_for_selection(mode: str, path: Optional[str], max_batch_tokens: int):
@@ -115,12 +101,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
         self.hybrid = None
         self._hybrid_pending: Optional[Proposal] = None
         self._hybrid_last_budget: Optional[int] = None
-        self._penalties: Optional[PenaltyTable] = None
-        self._pen_rows: list = []  # this step's batch rows whose penalties the verify applies (host ints)
-        self._pen_slots: Optional[torch.Tensor] = None  # this step's request-pool slots (batch.req_pool_indices)
-        self._pen_min_new = False  # whether min_new_tokens may still hold for one of this step's rows
-        self._pen_steps = 0
-        self._pen_steps_unapplied = 0
+        self._penalties: Optional[WorkerPenalties] = None
         if self._hosts_draft:
             self._proposer = HybridProposer(self._proposer, self)
             self._model_gamma = model_chain_gamma(server_args, int(self.gamma))
@@ -160,9 +141,8 @@ class HybridDSparkWorker(DSparkWorkerV2):
             device=self.device, calibration=self._hybrid_calib, sps_dense=sps, max_context_len=context_len,
             verify_window=window, sps2d=load_sps2d(cfg),
         )
-        if cfg.penalty_rows > 0:
-            vocab = int(self.model_runner.model_config.vocab_size)
-            self._penalties = PenaltyTable(num_slots, vocab, cfg.penalty_rows, self.device)
+        self._penalties = WorkerPenalties(cfg.penalty_rows, num_slots, int(self.model_runner.model_config.vocab_size),
+                                          self.device, self.hybrid._guard, "DSpark")
         self._ctx_tokens = torch.zeros((), dtype=torch.float32, device=self.device)
         dt = torch.int64
         self._merged_tokens = torch.zeros(max_bs, window, dtype=dt, device=self.device)
@@ -236,56 +216,15 @@ class HybridDSparkWorker(DSparkWorkerV2):
             folded=False,
         )
 
-    # -- penalties (penalties.py) ----------------------------------------------------------------------------
-    def _hybrid_penalty_rows(self, batch) -> None:
-        """Host side, before the step: the batch rows whose penalties the verify applies (those holding a table
-        row), whether ``min_new_tokens`` may still hold for one of them, and whether a penalised request has no
-        row. A batch whose penalizers are all off (the common case) costs one flag check, not a loop."""
-        self._pen_rows = []
-        self._pen_min_new = False
-        if not carries_penalties(batch.sampling_info):
-            return
-        table = self._penalties
-        refused = False
-        for i, req in enumerate(batch.reqs):
-            sp = req.sampling_params
-            if not is_penalised(sp):
-                continue
-            if table is not None and table.row_of_slot(req.kv.req_pool_idx) is not None:
-                self._pen_rows.append(i)
-                # the host's output lags the device's by up to a step: it may only over-state what still holds
-                self._pen_min_new |= len(req.output_ids) < sp.min_new_tokens
-            else:
-                refused = True
-        if refused:
-            self._hybrid_note_unapplied("more penalised requests than option penalty_rows "
-                                        f"({0 if table is None else table.rows})")
-
+    # -- penalties (penalties.py, penalty_glue.py) ---------------------------------------------------------
     def _hybrid_penalise(self, kwargs: dict) -> None:
         """Before DSpark's accept: this step's penalised rows' penalties at every verify position, in place on the
         target's logits (which already carry ``logit_bias``: DSpark's verify adds it at every position)."""
-        rows = self._pen_rows
-        if not rows:
-            return
-        logits, ids, bs = kwargs["target_logits"], kwargs["verify_ids_2d"], kwargs["bs"]
-        if logits is None or logits.shape[0] != bs * ids.shape[1] or logits.shape[1] != self._penalties.vocab:
-            self._hybrid_note_unapplied("the verify's logits are not [bs * window, vocab] (a fused argmax)")
+        pen = self._penalties
+        if pen is None or not pen.rows:
             return
         info = kwargs.get("sampling_info")
-        bias = None if info is None else info.logit_bias
-        with sync_guard(self.hybrid._guard):  # the tests' guard: no host read of device data here
-            self._penalties.apply(logits.view(bs, ids.shape[1], logits.shape[1]), ids, self._pen_slots, rows,
-                                  bias=None if bias is None else bias[:bs], min_new=self._pen_min_new)
-        self._pen_steps += 1
-
-    def _hybrid_note_unapplied(self, why: str) -> None:
-        """Count (metric ``penalty_steps_unapplied``) and, once, warn: some request's penalties were not applied."""
-        self._pen_steps_unapplied += 1
-        if self._pen_steps_unapplied == 1:
-            logger.warning(
-                "HYBRID_SPARK (DSpark): a request's sampling penalties were not applied on a step (%s); SGLang %s's "
-                "DSpark verify applies none after a request's first token. Counted in metric "
-                "penalty_steps_unapplied.", why, SUPPORTED_SGLANG)
+        pen.apply(kwargs["target_logits"], kwargs["verify_ids_2d"], bias=None if info is None else info.logit_bias)
 
     def _one_hot_ngram_rows(self, logits: torch.Tensor, tokens: torch.Tensor, choice: torch.Tensor) -> None:
         """Draft logits of the n-gram tokens: one-hot at their tokens (in place, no allocation beyond a gather
@@ -312,22 +251,16 @@ class HybridDSparkWorker(DSparkWorkerV2):
         out = super()._forward_prefill(batch, on_publish, pp_proxy_tensors)
         if self.hybrid is not None:
             write_prefill_history(self.hybrid, batch, out.next_token_ids, self.device)
-            if self._penalties is not None and batch.reqs and not batch.forward_mode.is_idle():
-                self._penalties.on_prefill(batch.reqs, [r.kv.req_pool_idx for r in batch.reqs],
-                                           batch.req_pool_indices, out.next_token_ids)
+            self._penalties.on_prefill(batch, out.next_token_ids)
         return out
 
     def _forward_decode(self, batch, on_publish, grammar_barrier=None, coordination_plan=None):
         self._hybrid_pending = None
-        if self.hybrid is not None:
-            self._hybrid_penalty_rows(batch)
-            self._pen_slots = batch.req_pool_indices
+        if self._penalties is not None:
+            self._penalties.begin_step(batch)
         out = super()._forward_decode(batch, on_publish, grammar_barrier, coordination_plan)
-        if self._pen_rows:  # the committed tokens join the penalised requests' counts (the rest: the sink row)
-            bs = batch.req_pool_indices.shape[0]
-            with sync_guard(self.hybrid._guard):
-                self._penalties.commit(batch.req_pool_indices, out.next_token_ids.view(bs, -1), out.accept_lens)
-            self._pen_rows = []
+        if self._penalties is not None:
+            self._penalties.commit(batch, out.next_token_ids, out.accept_lens)
         chosen, self._hybrid_pending = self._hybrid_pending, None
         if chosen is not None and self.hybrid is not None:
             bs = batch.req_pool_indices.shape[0]
@@ -347,11 +280,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
             "drafter": "dspark",
             "verify_mode": self._verify_planner.mode_value,
             "verify_token_budget": self._hybrid_last_budget,
-            "penalty_steps": self._pen_steps,
-            "penalty_steps_unapplied": self._pen_steps_unapplied,
-            "penalty_rows": 0 if self._penalties is None else self._penalties.rows,
-            "penalty_rows_in_use": 0 if self._penalties is None else self._penalties.rows_in_use,
-            "penalty_rows_refused": 0 if self._penalties is None else self._penalties.refused,
+            **self._penalties.metrics(),
         }
 
     def hybrid_metrics(self) -> dict:

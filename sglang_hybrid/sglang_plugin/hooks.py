@@ -79,6 +79,13 @@ HOST_ATTRS: tuple[HostAttr, ...] = (
              "pads the model chain to the widened verify window"),
     HostAttr("sglang.srt.plugins.hook_registry:HookRegistry.register", ("cls", "target", "hook", "hook_type")),
     # A wide window for small batches, steps + 1 for large ones (window_switch.py): SGLang's adaptive runtime states.
+    HostAttr("sglang.srt.managers.tp_worker:TpModelWorker.forward_batch_generation",
+             ("self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify"),
+             "wrapped on the EAGLE-family worker's target: after the verify forward (is_verify=True, by keyword in "
+             "eagle_worker_common.run_eagle_verify) the exact penalties go onto its logits (penalty_glue.py)"),
+    HostAttr("sglang.srt.speculative.eagle_worker_common:run_eagle_verify", None,
+             "EAGLEWorkerV2.verify's target forward and eagle_sample, which adds acc_*_penalties (made neutral on the "
+             "rows whose exact penalties we apply)"),
     HostAttr(f"{_W2}:EAGLEWorkerV2.init_cuda_graphs", ("self",), "builds the narrow state after SGLang's capture"),
     HostAttr(f"{_W2}:EAGLEWorkerV2.activate_step_by_batch", ("self", "batch_size"),
              "called by SGLang at the start of every decode step: picks the window for the batch size"),

@@ -22,6 +22,11 @@ Five methods of the host worker are wrapped (all declared in ``hooks.py``); ``in
 
 The draft model's state update (draft extend) runs unchanged from the accepted prefix, whichever drafter
 proposed it.
+
+Sampling penalties (``penalties.py``, ``penalty_glue.py``): SGLang's EAGLE verify applies them "relaxed" (the
+output's accumulated penalties at every window position). For requests holding a penalty row, ``verify`` sets
+those accumulated tensors' rows to neutral and the target worker's ``forward_batch_generation`` (wrapped on this
+instance) puts the exact per-position penalties on the verify logits before SGLang's ``eagle_sample`` reads them.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
 from ..step import HybridStep
 from .common import load_options, write_prefill_history
+from .penalty_glue import WorkerPenalties
 
 logger = logging.getLogger("sglang_hybrid")
 
@@ -49,6 +55,8 @@ class HybridMixin:
         self.hybrid = None
         self._hybrid_switch = None
         self._hybrid_auto = None
+        self._penalties = None
+        self._pen_verify_ids = None  # set for the target's verify forward of a step with penalised requests
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         """Once SGLang has sized the request pool: build the device state (one history row per pool slot)."""
@@ -96,11 +104,29 @@ class HybridMixin:
 
         warm_up_for_serving(self.hybrid, warm_inputs)
         self._hybrid_calls = for_serving(self.hybrid)  # the step, or its CUDA-graph replay (step_graphs)
-        install(self.hybrid)
+        vocab = int(self.target_worker.model_runner.model_config.vocab_size)
+        self._penalties = WorkerPenalties(cfg.penalty_rows, num_slots, vocab, self.device, self.hybrid._guard, "EAGLE")
+        self._hybrid_wrap_target_verify_forward()
+        install(self.hybrid, extra=self._penalties.metrics)
         logger.info(
             "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, verify window %d, n-gram %s",
             num_slots, width, gamma, window, self.hybrid.ngram_cfg,
         )
+
+    def _hybrid_wrap_target_verify_forward(self) -> None:
+        """The target worker's ``forward_batch_generation`` (this instance's): after the verify forward of a step with
+        penalised requests, their penalties go onto its logits, before SGLang's ``eagle_sample`` reads them."""
+        target = self.target_worker
+        forward = target.forward_batch_generation
+
+        def forward_batch_generation(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            ids, self._pen_verify_ids = self._pen_verify_ids, None
+            if ids is not None and kwargs.get("is_verify"):
+                self._penalties.apply(out.logits_output.next_token_logits, ids)
+            return out
+
+        target.forward_batch_generation = forward_batch_generation
 
     def init_cuda_graphs(self):
         """After SGLang's capture: with ``narrow_above`` and a widened window, build the narrow runtime state."""
@@ -137,6 +163,7 @@ class HybridMixin:
     def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
         out = super()._forward_prefill_batch(batch, on_publish, pp_proxy_tensors, coordination_plan)
         write_prefill_history(self.hybrid, batch, out.next_token_ids, self.device)
+        self._penalties.on_prefill(batch, out.next_token_ids)
         return out
 
     # -- decode ------------------------------------------------------------------------------------------
@@ -155,7 +182,17 @@ class HybridMixin:
             unlink = self._hybrid_unlink[:bs, :n]
             torch.ge(self._hybrid_cols[:, :n], proposal.verify_len.view(-1, 1), out=unlink)
             vi.retrieve_next_token.masked_fill_(unlink, -1)
+        pen = self._penalties
+        pen.begin_step(batch)
+        if pen.rows and active:  # exact penalties on these rows (penalties.py) instead of SGLang's relaxed ones
+            pen.take_over_relaxed(batch.sampling_info)
+            self._pen_verify_ids = vi.draft_token.view(-1, n)
+        elif pen.rows:
+            pen.note_unapplied("an idle batch or a verify window the selection does not cover")
+            pen.rows = []
         out = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        self._pen_verify_ids = None
+        pen.commit(batch, out.next_token_ids, out.accept_lens)
         if proposal is not None:
             bs = batch.req_pool_indices.shape[0]
             committed = out.next_token_ids.view(bs, -1)
@@ -165,7 +202,9 @@ class HybridMixin:
         return out
 
     def hybrid_metrics(self) -> dict:
-        return self.hybrid.metrics()
+        m = self.hybrid.metrics()
+        m.update(self._penalties.metrics())
+        return m
 
 
 class HybridEagleWorker(HybridMixin, EAGLEWorkerV2):

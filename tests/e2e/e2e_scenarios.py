@@ -275,3 +275,85 @@ def check_retraction(engine, prompts: List[List[int]], reference: List[List[int]
     assert server["accepted_ngram"] > 0 and server["ngram_chosen"] > 0, server
     again = engine.generate([prompts[rows[0]]], sps[:1])
     check_greedy(again, [reference[rows[0]]], sps[:1])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# sampling penalties (sglang_hybrid/penalties.py) on a HYBRID_SPARK engine
+# ------------------------------------------------------------------------------------------------------------
+
+# Penalised requests (one with a logit bias) for prompts 0-3: they leave their unpenalised greedy output within 32
+# tokens under these penalties (at the 22nd, 12th, 28th and 23rd token).
+PENALTIES = (dict(frequency_penalty=2.0), dict(presence_penalty=2.0), dict(repetition_penalty=2.0),
+             dict(frequency_penalty=1.5, logit_bias={"77": 6.0}))
+
+
+def _greedy_sp(max_new: int) -> dict:
+    return {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
+
+
+def _hybrid_metrics(engine) -> dict:
+    return engine.server_info()["internal_states"][0]["hybrid_spark"]
+
+
+def penalised_batch(engine, prompts, hf_reference, target: str, max_new: int, extra_rows, tail=((), ())):
+    """Send prompts 0-3 with ``PENALTIES``, ``extra_rows`` greedy (checked against ``hf_reference``) and ``tail``
+    (rows, sampling params: the caller checks them) in one batch; return (outputs of 0-3 and of the tail, penalised
+    references, unpenalised references (the logit bias kept), metrics before, metrics after)."""
+    rows = [0, 1, 2, 3]
+    extra_sps = [_greedy_sp(max_new) for _ in extra_rows]
+    sps = [dict(_greedy_sp(max_new), **p) for p in PENALTIES] + extra_sps + list(tail[1])
+    penalised = [hf_penalised(target, prompts[i], max_new, **p) for i, p in zip(rows, PENALTIES)]
+    plain = [hf_penalised(target, prompts[i], max_new, logit_bias=p.get("logit_bias")) for i, p in zip(rows, PENALTIES)]
+    assert all(a != b for a, b in zip(penalised, plain)), "the penalties must change every penalised output"
+    before = _hybrid_metrics(engine)
+    outputs = engine.generate([prompts[i] for i in rows + list(extra_rows) + list(tail[0])], sps)
+    after = _hybrid_metrics(engine)
+    n = len(rows) + len(extra_rows)
+    check_greedy(outputs[len(rows):n], [hf_reference[i] for i in extra_rows], extra_sps)
+    return outputs[: len(rows)] + outputs[n:], penalised, plain, before, after
+
+
+def check_penalties(engine, prompts, hf_reference, target: str, max_new: int, min_steps: int) -> None:
+    """Penalised requests beside an unpenalised one equal their exact penalised references (``hf_penalised``, the
+    logit bias too) while n-gram chains are still chosen; a request whose second greedy token is a stop token runs
+    past it under ``min_new_tokens`` 4 and stops where plain decoding does; a batch without penalties is not
+    penalised; sampled penalised requests complete (the target's rejection sampling on the penalised logits)."""
+    stop = hf_reference[6][1]
+    held = dict(_greedy_sp(max_new), min_new_tokens=4, stop_token_ids=[stop])
+    outputs, penalised, _plain, before, after = penalised_batch(engine, prompts, hf_reference, target, max_new, [5],
+                                                                tail=([6], [held]))
+    assert [o["output_ids"] for o in outputs[:4]] == penalised
+    ref = hf_penalised(target, prompts[6], max_new, min_new_tokens=4, stop_token_ids=[stop])
+    cut = next((k + 1 for k in range(4, max_new) if ref[k] == stop), max_new)
+    assert ref[:2] != hf_reference[6][:2] and outputs[4]["output_ids"] == ref[:cut], (outputs[4]["output_ids"], ref)
+    assert after["penalty_steps"] - before["penalty_steps"] >= min_steps
+    assert after["penalty_steps_unapplied"] == before["penalty_steps_unapplied"]
+    assert after["penalty_rows"] == 64 and after["penalty_rows_refused"] == before["penalty_rows_refused"]
+    assert after["ngram_chosen"] > before["ngram_chosen"]
+    again = engine.generate([prompts[5]], [_greedy_sp(max_new)])
+    check_greedy(again, [hf_reference[5]], [_greedy_sp(max_new)])
+    final = _hybrid_metrics(engine)
+    assert final["penalty_steps"] == after["penalty_steps"], "a batch without penalties was penalised"
+    sampled = [dict(temperature=1.0, max_new_tokens=max_new, ignore_eos=True, **p) for p in PENALTIES]
+    outs = engine.generate([prompts[i] for i in range(4)], sampled)
+    assert all(len(o["output_ids"]) == max_new for o in outs)
+    assert _hybrid_metrics(engine)["penalty_steps"] > final["penalty_steps"]
+
+
+def check_penalised_sampling(engine, tiny_models) -> None:
+    """Sampling with ``repetition_penalty`` 0.5 (seen tokens favoured): the first three tokens of 120 identical
+    requests follow the exact penalised distribution (chi-square, e2e_sampling); the prompt is chosen so that the
+    test rejects, with power >= 0.9, the same draws without penalties."""
+    from e2e_sampling import chi_square, pick_penalised_sampling_case
+
+    penalty = dict(repetition_penalty=0.5)
+    case = pick_penalised_sampling_case(tiny_models.target, tiny_models.spec.vocab_size, penalty)
+    assert case.power_vs_greedy >= 0.9 and case.power_vs_no_exclusion >= 0.9, case
+    before = _hybrid_metrics(engine)["penalty_steps"]
+    sp = dict(temperature=case.temperature, max_new_tokens=case.bins.depth, ignore_eos=True, **penalty)
+    outputs = engine.generate([list(case.prompt)] * case.n, sp)
+    counts = case.bins.count([o["output_ids"] for o in outputs])
+    stat, p, dof = chi_square(counts, case.bins, case.n)
+    assert dof >= 3, (dof, case.bins)
+    assert p > 1e-3, f"chi-square {stat:.1f} on {dof} dof, p={p:.2e}; counts {counts}"
+    assert _hybrid_metrics(engine)["penalty_steps"] > before

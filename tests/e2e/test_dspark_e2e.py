@@ -28,8 +28,15 @@ from __future__ import annotations
 from typing import List
 
 import pytest
-from e2e_scenarios import check_greedy, check_retraction, hf_greedy, hf_penalised, repeating_rows
-from e2e_sampling import chi_square, pick_penalised_sampling_case
+from e2e_scenarios import (
+    check_greedy,
+    check_penalised_sampling,
+    check_penalties,
+    check_retraction,
+    hf_greedy,
+    penalised_batch,
+    repeating_rows,
+)
 from engine_harness import DSPARK_GAMMA
 
 pytestmark = pytest.mark.e2e
@@ -172,78 +179,20 @@ def test_corpus_drafts_a_request_from_an_earlier_ones_output(engine_pool, prompt
     assert steps[1] < steps[0], f"the second round should take fewer verify steps: {steps}"
 
 
-# Penalised requests (with one logit bias) beside unpenalised ones: prompts 0-3 leave their unpenalised greedy
-# output within MAX_NEW tokens under these penalties (at the 22nd, 12th, 28th and 23rd token).
-_PENALTIES = (dict(frequency_penalty=2.0), dict(presence_penalty=2.0), dict(repetition_penalty=2.0),
-              dict(frequency_penalty=1.5, logit_bias={"77": 6.0}))
-
-
-def _penalised_batch(engine, prompts, hf_reference, tiny_models, extra_rows, extra_sps, tail=((), ())):
-    """Send prompts 0-3 with ``_PENALTIES``, ``extra_rows`` with ``extra_sps`` (greedy references) and ``tail`` (rows,
-    sampling params: the caller checks them) in one batch; return (outputs of 0-3 and of the tail, penalised
-    references, unpenalised references (the logit bias kept), metrics before, metrics after)."""
-    rows = [0, 1, 2, 3]
-    sps = [dict(_greedy(MAX_NEW), **p) for p in _PENALTIES] + list(extra_sps) + list(tail[1])
-    penalised = [hf_penalised(tiny_models.target, prompts[i], MAX_NEW, **p) for i, p in zip(rows, _PENALTIES)]
-    plain = [hf_penalised(tiny_models.target, prompts[i], MAX_NEW, logit_bias=p.get("logit_bias"))
-             for i, p in zip(rows, _PENALTIES)]
-    assert all(a != b for a, b in zip(penalised, plain)), "the penalties must change every penalised output"
-    before = engine.server_info()["internal_states"][0]["hybrid_spark"]
-    outputs = engine.generate([prompts[i] for i in rows + list(extra_rows) + list(tail[0])], sps)
-    after = engine.server_info()["internal_states"][0]["hybrid_spark"]
-    n = len(rows) + len(extra_rows)
-    check_greedy(outputs[len(rows):n], [hf_reference[i] for i in extra_rows], sps[len(rows):n])
-    return outputs[: len(rows)] + outputs[n:], penalised, plain, before, after
-
-
 def test_penalised_requests_equal_plain_decoding_with_their_penalties(engine_pool, prompts, hf_reference,
                                                                       tiny_models):
     """SGLang 0.5.23's DSpark verify applies no frequency / presence / repetition penalty nor ``min_new_tokens``
-    after a request's first token; HYBRID_SPARK applies them at every verify position (penalties.py), so each
-    penalised request's greedy output equals plain decoding's with its penalties (``hf_penalised``, SGLang's
-    formula; the logit bias too), the unpenalised ones beside them stay equal to their references, and n-gram
-    chains are still chosen. A request whose second greedy token is a stop token, with ``min_new_tokens`` 4, runs
-    past it and stops at its first occurrence from the fifth token on, as plain decoding does."""
-    engine = engine_pool.get("hybrid_dspark_compact")
-    stop = hf_reference[6][1]
-    held = dict(_greedy(MAX_NEW), min_new_tokens=4, stop_token_ids=[stop])
-    outputs, penalised, _plain, before, after = _penalised_batch(
-        engine, prompts, hf_reference, tiny_models, [5], [_greedy(MAX_NEW)], tail=([6], [held]))
-    assert [o["output_ids"] for o in outputs[:4]] == penalised
-    ref = hf_penalised(tiny_models.target, prompts[6], MAX_NEW, min_new_tokens=4, stop_token_ids=[stop])
-    cut = next((k + 1 for k in range(4, MAX_NEW) if ref[k] == stop), MAX_NEW)
-    assert ref[:2] != hf_reference[6][:2] and outputs[4]["output_ids"] == ref[:cut], (outputs[4]["output_ids"], ref)
-    assert after["penalty_steps"] - before["penalty_steps"] >= MAX_NEW // 8  # window 8: >= 4 steps
-    assert after["penalty_steps_unapplied"] == before["penalty_steps_unapplied"]
-    assert after["penalty_rows"] == 64 and after["penalty_rows_refused"] == before["penalty_rows_refused"]
-    assert after["ngram_chosen"] > before["ngram_chosen"]
-    again = engine.generate([prompts[5]], [_greedy(MAX_NEW)])
-    check_greedy(again, [hf_reference[5]], [_greedy(MAX_NEW)])
-    final = engine.server_info()["internal_states"][0]["hybrid_spark"]
-    assert final["penalty_steps"] == after["penalty_steps"], "a batch without penalties was penalised"
-    # Sampled penalised requests run through DSpark's rejection sampling on the penalised logits.
-    sampled = [dict(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW, ignore_eos=True, **p) for p in _PENALTIES]
-    outs = engine.generate([prompts[i] for i in range(4)], sampled)
-    assert all(len(o["output_ids"]) == MAX_NEW for o in outs)
-    assert engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps"] > final["penalty_steps"]
+    after a request's first token; HYBRID_SPARK applies them at every verify position (penalties.py): each
+    penalised request's greedy output equals plain decoding's with its penalties, ``min_new_tokens`` holds a stop
+    token back, and sampled penalised requests complete (``e2e_scenarios.check_penalties``)."""
+    check_penalties(engine_pool.get("hybrid_dspark_compact"), prompts, hf_reference, tiny_models.target, MAX_NEW,
+                    min_steps=MAX_NEW // 8)  # window 8: >= 4 steps
 
 
 def test_penalised_sampling_follows_the_penalised_distribution(engine_pool, tiny_models):
-    """Sampling with ``repetition_penalty`` 0.5 (seen tokens favoured): the first three tokens of 120 identical
-    requests follow the exact penalised distribution (chi-square, e2e_sampling); the prompt is chosen so that the
-    test rejects, with power >= 0.9, the same draws without penalties (what SGLang's DSpark verify gives)."""
-    penalty = dict(repetition_penalty=0.5)
-    case = pick_penalised_sampling_case(tiny_models.target, tiny_models.spec.vocab_size, penalty)
-    assert case.power_vs_greedy >= 0.9 and case.power_vs_no_exclusion >= 0.9, case
-    engine = engine_pool.get("hybrid_dspark_compact")
-    before = engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps"]
-    sp = dict(temperature=case.temperature, max_new_tokens=case.bins.depth, ignore_eos=True, **penalty)
-    outputs = engine.generate([list(case.prompt)] * case.n, sp)
-    counts = case.bins.count([o["output_ids"] for o in outputs])
-    stat, p, dof = chi_square(counts, case.bins, case.n)
-    assert dof >= 3, (dof, case.bins)
-    assert p > 1e-3, f"chi-square {stat:.1f} on {dof} dof, p={p:.2e}; counts {counts}"
-    assert engine.server_info()["internal_states"][0]["hybrid_spark"]["penalty_steps"] > before
+    """Sampling with ``repetition_penalty`` 0.5 follows the exact penalised distribution (chi-square; the test
+    rejects the draws without penalties, which SGLang's own DSPARK gives, with power >= 0.9)."""
+    check_penalised_sampling(engine_pool.get("hybrid_dspark_compact"), tiny_models)
 
 
 def test_retracted_requests_come_back_losslessly(engine_pool, prompts, hf_reference):
@@ -272,8 +221,8 @@ def test_penalties_without_overlap_and_beyond_the_table(engine_pool, prompts, hf
     requests get rows and equal their penalised references, the others are refused (counted, warned) and decode
     unpenalised (the logit bias kept), as SGLang's DSpark does."""
     engine = engine_pool.get("hybrid_dspark_no_overlap")
-    outputs, penalised, plain, before, after = _penalised_batch(engine, prompts, hf_reference, tiny_models, [5],
-                                                                [_greedy(MAX_NEW)])
+    outputs, penalised, plain, before, after = penalised_batch(engine, prompts, hf_reference, tiny_models.target,
+                                                               MAX_NEW, [5])
     got = [o["output_ids"] for o in outputs]
     assert sum(g == p for g, p in zip(got, penalised)) == 2 and sum(g == p for g, p in zip(got, plain)) == 2, got
     assert after["penalty_rows"] == 2 and after["penalty_rows_refused"] - before["penalty_rows_refused"] == 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import List
 
 import pytest
-from e2e_scenarios import check_greedy, check_retraction, repeating_rows
+from e2e_scenarios import check_greedy, check_penalised_sampling, check_penalties, check_retraction, repeating_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +51,22 @@ def test_ngram_chain_is_chosen_on_repeats_and_accepts_several_tokens(engine_pool
         assert server["warmup_batch_sizes"] >= 2 and server["warmup_max_batch_size"] >= 2, server
     else:
         assert "warmup_batch_sizes" not in server, server  # the default (auto) warms up on a GPU only
+
+
+def test_penalised_requests_equal_plain_decoding_with_their_penalties(engine_pool, prompts, hf_reference,
+                                                                      tiny_models):
+    """On an EAGLE-family draft SGLang applies penalties "relaxed" (the output's counts at every position of the
+    window, one output token counted a step: README, Limits); HYBRID_SPARK takes them over on the rows it holds a
+    penalty row for and applies them exactly at every verify position (penalties.py), so each penalised request's
+    greedy output equals plain decoding's with its penalties, ``min_new_tokens`` included, on the 8-token window
+    (``e2e_scenarios.check_penalties``)."""
+    check_penalties(engine_pool.get("hybrid_spark_wide"), prompts, hf_reference, tiny_models.target, 32,
+                    min_steps=32 // 8)
+
+
+def test_penalised_sampling_follows_the_penalised_distribution(engine_pool, tiny_models):
+    """Sampling with ``repetition_penalty`` 0.5 on the wide window follows the exact penalised distribution."""
+    check_penalised_sampling(engine_pool.get("hybrid_spark_wide"), tiny_models)
 
 
 def _narrow_steps_by_batch(engine, batch_sizes, prompts, hf_reference):
