@@ -121,8 +121,8 @@ class HybridMixin:
 
         def forward_batch_generation(*args, **kwargs):
             out = forward(*args, **kwargs)
-            ids, self._pen_verify_ids = self._pen_verify_ids, None
-            if ids is not None and kwargs.get("is_verify"):
+            if self._pen_verify_ids is not None and kwargs.get("is_verify"):
+                ids, self._pen_verify_ids = self._pen_verify_ids, None
                 self._penalties.apply(out.logits_output.next_token_logits, ids)
             return out
 
@@ -191,7 +191,9 @@ class HybridMixin:
             pen.note_unapplied("an idle batch or a verify window the selection does not cover")
             pen.rows = []
         out = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
-        self._pen_verify_ids = None
+        if self._pen_verify_ids is not None:  # no verify forward (is_verify=True) took them: SGLang changed
+            self._pen_verify_ids = None
+            pen.note_unapplied("the target's verify forward was not seen (is_verify=True)")
         pen.commit(batch, out.next_token_ids, out.accept_lens)
         if proposal is not None:
             bs = batch.req_pool_indices.shape[0]
