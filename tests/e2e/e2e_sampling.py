@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from e2e_scenarios import FIRST_TOKEN, hf_model
+from tests.oracles.penalty_oracle import penalise
 
 SAMPLING_TEMPERATURE = 0.7
 SAMPLING_N = 120
@@ -76,12 +77,7 @@ def next_probs(model_path: str, prefix: Prefix, temperature: float,
     last ``output_len`` tokens of ``prefix`` (the output), applied before the temperature."""
     logits = hf_model(model_path)(torch.tensor([list(prefix)])).logits[0, -1].to(torch.float64)
     if penalty and output_len:
-        penalty = dict(penalty)
-        n = torch.bincount(torch.tensor(prefix[-output_len:]), minlength=logits.shape[0]).to(torch.float64)
-        seen = n > 0
-        logits = logits - n * penalty.get("frequency_penalty", 0.0) - seen * penalty.get("presence_penalty", 0.0)
-        rep = torch.where(seen, penalty.get("repetition_penalty", 1.0), 1.0).to(torch.float64)
-        logits = torch.where(logits < 0, logits * rep, logits / rep)
+        logits = penalise(logits, prefix[-output_len:], dict(penalty))
     return torch.softmax(logits / temperature, dim=-1)
 
 

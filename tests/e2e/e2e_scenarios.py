@@ -16,6 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from tests.oracles.penalty_oracle import penalise
+
 FIRST_TOKEN = 3  # ids 0, 1, 2 are the special tokens (bos, eos, pad)
 EOS_ID = 1
 PROMPT_LENGTHS = (5, 9, 17, 24, 33, 40, 12, 7, 28, 14)
@@ -63,15 +65,12 @@ def hf_penalised(model_path: str, prompt: Sequence[int], max_new_tokens: int, fr
     bias = torch.zeros(model.config.vocab_size)
     for tok, b in (logit_bias or {}).items():
         bias[int(tok)] = b
+    penalty = {"frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
+               "repetition_penalty": repetition_penalty}
     for _ in range(max_new_tokens):
         res = model(step_input, past_key_values=past, use_cache=True)
         past = res.past_key_values
-        logits = res.logits[0, -1].float()
-        n = torch.bincount(torch.tensor(out, dtype=torch.int64), minlength=logits.shape[0]).float()
-        seen = n > 0
-        logits = logits + (-(n * frequency_penalty) - seen * presence_penalty)
-        scale = torch.where(seen, torch.tensor(repetition_penalty), torch.tensor(1.0))
-        logits = torch.where(logits < 0, logits * scale, logits / scale) + bias
+        logits = penalise(res.logits[0, -1].float(), out, penalty) + bias
         if len(out) < min_new_tokens:
             logits[list(stop_token_ids)] = float("-inf")
         out.append(int(logits.argmax()))

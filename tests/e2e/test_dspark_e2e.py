@@ -189,6 +189,16 @@ def test_penalised_requests_equal_plain_decoding_with_their_penalties(engine_poo
                     min_steps=MAX_NEW // 8)  # window 8: >= 4 steps
 
 
+@pytest.mark.parametrize("config", ["hybrid_dspark_static", "hybrid_dspark_cap"])
+def test_penalties_in_the_static_and_cap_accept_verify_modes(engine_pool, prompts, hf_reference, tiny_models,
+                                                             config):
+    """The same checks in DSpark's other two verify modes: static (a fixed window, chunked prefill) and cap-accept
+    (with fairness weights between tenants), whose accept runs through the same ``accept_and_finalize`` the
+    penalties wrap."""
+    check_penalties(engine_pool.get(config), prompts, hf_reference, tiny_models.target, MAX_NEW,
+                    min_steps=MAX_NEW // 8)
+
+
 def test_penalised_sampling_follows_the_penalised_distribution(engine_pool, tiny_models):
     """Sampling with ``repetition_penalty`` 0.5 follows the exact penalised distribution (chi-square; the test
     rejects the draws without penalties, which SGLang's own DSPARK gives, with power >= 0.9)."""
