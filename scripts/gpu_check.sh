@@ -31,6 +31,8 @@
 #                   their Triton kernels, eager and as a CUDA-graph replay, bs {1,4,32,128}
 #   bench_penalties scripts/bench_penalties.py: the DSpark worker's penalties at every verify position (in place
 #                   against the reference, time and peak memory, bit-equal check) at k x W x V up to 48 x 16 x 152064
+#   device_memory   scripts/device_memory.py on CUDA: the plugin state's device memory by part, beside what the
+#                   allocator handed out while it was built (memory.py's count should miss nothing)
 #   bench_ngram     scripts/bench_ngram.py on CUDA, bs {1,4,32,128} x history {1k,8k,32k,128k}, torch and
 #                   Triton; then the Triton column again as CUDA-graph replays (bench_ngram_graph)
 #   bench_corpus    scripts/bench_ngram.py --corpus: the cross-request corpus's lookup and insert, torch and
@@ -273,6 +275,9 @@ run_section bench_online bench 60 "$WORK/bench_online.md" TRITON_INTERPRET="$INT
 # The penalties at every verify position (penalties.py): in place against the reference, time and peak memory
 run_section bench_penalties bench 60 "$WORK/bench_penalties.md" -- \
     "$PY" scripts/bench_penalties.py --device "$DEV" --shapes 1x8x152064,8x8x152064,32x8x152064,48x16x152064
+# The plugin state's device memory (memory.py), beside what the allocator handed out while it was built
+run_section device_memory bench 60 "$WORK/device_memory.md" -- \
+    "$PY" scripts/device_memory.py --device "$DEV" --configs 256x40960,1024x40960 --fairness-scope tenant
 
 SEL_RUN=()
 SEL_NOTES=()

@@ -432,6 +432,12 @@ class HybridStep:
             m["corpus_entries"] = self.corpus.cfg.entries
         return m
 
+    def device_parts(self, **extra) -> dict:
+        """The step's state by part, for ``memory.device_bytes`` (``extra``: the worker's own parts, counted before
+        the rest of the step)."""
+        return {"token history": self.history, "corpus": (self.corpus, self.corpus_cand, self.ctail),
+                "online calibration": self.online, "fairness": self.fair, **extra, "the rest of the step": self}
+
     def request_metrics(self, slot: int) -> dict:
         """Host-side, at most one step stale: this slot's request's counters (for ``meta_info``)."""
         return self.stats.request_metrics(slot)

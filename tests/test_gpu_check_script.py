@@ -22,7 +22,7 @@ from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-SECTIONS = ["env", "wheels", "tests_calibration", "tests_ngram", "tests_step_graphs", "bench_step", "bench_step_fair", "bench_penalties", "bench_corpus_graph", "tests_selection", "bench_ngram",
+SECTIONS = ["env", "wheels", "tests_calibration", "tests_ngram", "tests_step_graphs", "bench_step", "bench_step_fair", "bench_penalties", "device_memory", "bench_corpus_graph", "tests_selection", "bench_ngram",
             "bench_corpus", "bench_ngram_graph", "bench_selection", "e2e"]
 
 
@@ -59,6 +59,7 @@ def test_dry_run_prints_every_section_and_runs_nothing(tmp_path: Path) -> None:
     assert "scripts/bench_step.py --device cuda --bs 32,128 --corpus off --fairness 2 --fairness-scope tenant" in text
     assert "scripts/gpu_e2e_check.py --device cuda" in text
     assert "scripts/bench_penalties.py --device cuda --shapes 1x8x152064" in text
+    assert "scripts/device_memory.py --device cuda --configs 256x40960,1024x40960" in text
     assert "RESULT: dry run, nothing executed" in text
     assert not out.exists()  # a dry run writes nothing
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..calibration import CalibrationTable
 from ..config import HybridConfig
+from ..memory import device_bytes, summary
 from ..step import HybridStep
 from .observability import note_prefill
+
+logger = logging.getLogger("sglang_hybrid")
 
 
 def load_options() -> tuple[HybridConfig, CalibrationTable]:
@@ -24,6 +29,21 @@ def load_sps2d(cfg: HybridConfig):
     if not cfg.sps2d_table:
         return None
     return roofline_sps2d_table() if cfg.sps2d_table == "roofline" else load_sps2d_table(cfg.sps2d_table)
+
+
+def report_device_memory(hybrid: HybridStep, **extra) -> dict:
+    """At start-up: what the step (and the worker's ``extra`` parts) hold on the device, logged by part and kept
+    in the metrics (``device_bytes``, ``device_bytes_history``). SGLang sized its KV cache before this state
+    existed, so it comes out of the headroom ``--mem-fraction-static`` leaves."""
+    by_part = device_bytes(hybrid.device_parts(**extra), hybrid.device)
+    hist = hybrid.history
+    logger.info("HYBRID_SPARK holds %s on %s, beside SGLang's KV cache (it comes out of the headroom "
+                "--mem-fraction-static leaves)", summary(by_part, {
+                    "token history": f"{hist.tokens.shape[0]} request slots x {hist.tokens.shape[1]} tokens x 4 B; "
+                                     "option history_width"}), hybrid.device)
+    hybrid.extra_metrics["device_bytes"] = by_part["total"]
+    hybrid.extra_metrics["device_bytes_history"] = by_part["token history"]
+    return by_part
 
 
 def write_prefill_history(hybrid: HybridStep, batch, next_token_ids: torch.Tensor, device) -> None:

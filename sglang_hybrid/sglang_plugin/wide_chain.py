@@ -88,6 +88,11 @@ def reserve(device: torch.device | str, width: int, rows: int, dtype: torch.dtyp
     _pad(torch.device(device), width, rows, dtype)
 
 
+def pads() -> Dict[Tuple[str, int, torch.dtype], _ChainPad]:
+    """The pad buffers allocated so far (for the start-up memory report)."""
+    return _PADS
+
+
 def _pad(device: torch.device, width: int, rows: int, dtype: torch.dtype) -> _ChainPad:
     key = (str(device), width, dtype)
     pad = _PADS.get(key)

@@ -38,7 +38,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
 from ..step import HybridStep
-from .common import load_options, write_prefill_history
+from .common import load_options, report_device_memory, write_prefill_history
 from .penalty_glue import WorkerPenalties
 
 logger = logging.getLogger("sglang_hybrid")
@@ -107,6 +107,11 @@ class HybridMixin:
         vocab = int(self.target_worker.model_runner.model_config.vocab_size)
         self._penalties = WorkerPenalties(cfg.penalty_rows, num_slots, vocab, self.device, self.hybrid._guard, "EAGLE")
         self._hybrid_wrap_target_verify_forward()
+        from .wide_chain import pads
+
+        report_device_memory(self.hybrid, penalties=self._penalties.table, **{
+            "worker buffers": (self._hybrid_cols, self._hybrid_unlink),
+            "wide-chain pads": pads()})
         install(self.hybrid, extra=self._penalties.metrics)
         logger.info(
             "HYBRID_SPARK ready: %d slots x %d history tokens, gamma=%d, verify window %d, n-gram %s",

@@ -73,6 +73,8 @@ def test_static_and_cap_accept_greedy_equals_reference(engine_pool, prompts, hf_
     # cap-accept runs the fairness weights (engine_harness.py), which also scale DSpark's planner confidences.
     assert info["internal_states"][0]["hybrid_spark"]["fairness"] == (1.0 if mode == "cap-accept" else 0.0)
     assert info["internal_states"][0]["hybrid_spark"]["fairness_scope"] == ("tenant" if mode == "cap-accept" else "")
+    hs = info["internal_states"][0]["hybrid_spark"]  # the state's device memory, counted at start-up (memory.py)
+    assert hs["device_bytes"] > hs["device_bytes_history"] + 64 * hs["penalty_rows"] > 0, hs
 
 
 def test_routing_keys_and_salts_name_the_tenants_through_sglang(engine_pool, prompts, hf_reference):

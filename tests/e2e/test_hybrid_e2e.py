@@ -40,6 +40,8 @@ def test_ngram_chain_is_chosen_on_repeats_and_accepts_several_tokens(engine_pool
     server = engine.server_info()["internal_states"][0]["hybrid_spark"]
     assert server["ngram_chosen"] >= ngram_steps and server["accepted_ngram"] >= accepted
     assert 0.0 <= server["ngram_win_rate"] <= 1.0 and server["mean_accept_length"] >= 1.0
+    # the state's device memory, counted at start-up (memory.py); the token history is part of it
+    assert server["device_bytes"] > server["device_bytes_history"] > 0, server
     if config == "hybrid_spark_wide":
         # 2 model draft steps, a verify window of 8: n-gram steps accepting more than 2 drafts on average
         # means some n-gram chain was verified and accepted past the model chain's length.
