@@ -53,9 +53,9 @@ def test_the_token_history_and_the_corpus_hold_what_the_readme_says():
                       gamma=GAMMA, max_bs=8, device="cpu")
     pen = PenaltyTable(slots, vocab, rows, "cpu")
     got = device_bytes(step.device_parts(penalties=pen), "cpu")
-    reserve = step.history.tokens.shape[1] - width  # columns kept free for the tails' lookups
-    assert 0 <= reserve <= 64
-    assert slots * width * 4 <= got["token history"] <= slots * (width + reserve) * 4 + slots * 64
+    assert tuple(step.history.tokens.shape) == (slots, width)
+    # the rows, plus per-slot lengths and the per-batch lookup buffers
+    assert slots * width * 4 < got["token history"] <= slots * width * 4 + 64 * 1024
     assert 16 * entries <= got["corpus"] <= 16 * entries + 64 * 1024
     assert (rows + 1) * vocab * 5 <= got["penalties"] <= (rows + 1) * vocab * 5 + slots * 8 + (rows + 1) * 32
     assert got["online calibration"] > 0 and got["fairness"] == 0  # fairness off: nothing
