@@ -144,7 +144,9 @@ class PenaltyTable:
 
     @property
     def rows_in_use(self) -> int:
-        return len(self._holder)
+        """Rows held by requests still running (host side; a finished request's row stays allocated until its slot
+        is reused or the table needs it, but is not counted)."""
+        return sum(not req.finished() for _rid, _slot, req in self._holder.values())
 
     def row_of_slot(self, slot: int) -> Optional[int]:
         return self._row_of_slot.get(slot)

@@ -206,7 +206,9 @@ def test_table_rows_at_prefill_release_refuse_and_reclaim():
     table.on_prefill([c, d], [2, 3], torch.tensor([2, 3]), first_tokens=torch.tensor([1, 2]))
     assert table.row_of_slot(2) is not None and table.row_of_slot(3) is None and table.refused == 1
     assert table.slot_row[3] == table.sink
-    a._done = True  # a finished: its row is reclaimed for the next penalised request
+    assert table.rows_in_use == 2
+    a._done = True  # a finished: no longer counted in use, and its row is reclaimed for the next penalised request
+    assert table.rows_in_use == 1
     e = _Req("e", _params(freq=1.0))
     table.on_prefill([e], [4], torch.tensor([4]), first_tokens=torch.tensor([5]))
     assert table.row_of_slot(4) == ra and table.row_of_slot(0) is None
