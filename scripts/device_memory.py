@@ -23,6 +23,8 @@ import argparse
 import os
 import sys
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sglang_hybrid.config import HybridConfig  # noqa: E402
@@ -50,8 +52,6 @@ def main(argv=None) -> int:
     for spec in args.configs.split(","):
         slots, width = (int(x) for x in spec.lower().split("x"))
         if cuda:
-            import torch
-
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
         fair = {} if args.fairness_scope == "off" else {"fairness": 2.0, "fairness_scope": args.fairness_scope}

@@ -87,9 +87,9 @@ class HybridMixin:
             cfg, num_slots=num_slots, width=width, gamma=gamma, max_bs=max_bs, device=self.device,
             calibration=self._hybrid_calib, max_context_len=context_len, verify_window=window,
         )
-        if window > gamma:
-            from .wide_chain import reserve
+        from .wide_chain import pads, reserve
 
+        if window > gamma:
             reserve(self.device, window, max_bs)
         self._hybrid_cols = torch.arange(window + 1, dtype=torch.int32, device=self.device).view(1, -1)
         self._hybrid_unlink = torch.zeros(max_bs, window + 1, dtype=torch.bool, device=self.device)
@@ -107,8 +107,6 @@ class HybridMixin:
         vocab = int(self.target_worker.model_runner.model_config.vocab_size)
         self._penalties = WorkerPenalties(cfg.penalty_rows, num_slots, vocab, self.device, self.hybrid._guard, "EAGLE")
         self._hybrid_wrap_target_verify_forward()
-        from .wide_chain import pads
-
         report_device_memory(self.hybrid, penalties=self._penalties.table, **{
             "worker buffers": (self._hybrid_cols, self._hybrid_unlink),
             "wide-chain pads": pads()})
