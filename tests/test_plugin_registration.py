@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+from tests.forked_sglang import ForkedSGLang
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUB = os.path.join(ROOT, "tests", "sgl_kernel_stub")
 
@@ -58,16 +60,33 @@ def model_dirs(tmp_path_factory):
     return dirs
 
 
-def _run(args, extra_env=None):
+@pytest.fixture(scope="module")
+def sglang_proc():
+    """One process imports SGLang; each case runs in a forked child, as a fresh process (forked_sglang.py)."""
+    proc = ForkedSGLang(SCRIPT, _env())
+    yield proc
+    proc.close()
+
+
+def _env(extra_env=None):
     env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", PYTHONPATH=STUB + os.pathsep + ROOT)
     env.pop("SGLANG_HYBRID_RESOLVED_DRAFT_KIND", None)
     env.update(extra_env or {})
-    p = subprocess.run([sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300)
-    out = p.stdout + p.stderr
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:]), out
-    return None, out
+    return env
+
+
+@pytest.fixture
+def resolve(sglang_proc):
+    """``resolve(args, extra_env)`` resolves ``args`` in a fresh process: (the resolved fields or None, its output)."""
+
+    def run(args, extra_env=None):
+        _, out = sglang_proc.run(args, _env(extra_env))
+        for line in out.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[7:]), out
+        return None, out
+
+    return run
 
 
 def _base(dirs, draft="draft"):
@@ -75,8 +94,8 @@ def _base(dirs, draft="draft"):
             "--speculative-draft-model-path", dirs[draft], "--device", "cpu", "--skip-tokenizer-init"]
 
 
-def test_registers_and_resolves_chain_defaults(model_dirs):
-    res, out = _run(_base(model_dirs) + ["--speculative-num-steps", "4"])
+def test_registers_and_resolves_chain_defaults(resolve, model_dirs):
+    res, out = resolve(_base(model_dirs) + ["--speculative-num-steps", "4"])
     assert res is not None, out
     assert res["speculative_algorithm"] == "HYBRID_SPARK"
     assert (res["speculative_num_steps"], res["speculative_eagle_topk"], res["speculative_num_draft_tokens"]) == (4, 1, 5)
@@ -98,8 +117,8 @@ def test_registers_and_resolves_chain_defaults(model_dirs):
          "'max_draft' (8) does not fit the verify window"),
     ],
 )
-def test_bad_configuration_fails_at_startup_with_a_clear_error(model_dirs, args, env, needle):
-    res, out = _run(_base(model_dirs) + args, env)
+def test_bad_configuration_fails_at_startup_with_a_clear_error(resolve, model_dirs, args, env, needle):
+    res, out = resolve(_base(model_dirs) + args, env)
     assert res is None
     assert needle in out, out[-2000:]
 
@@ -112,27 +131,27 @@ def test_bad_configuration_fails_at_startup_with_a_clear_error(model_dirs, args,
         (["--speculative-num-steps", "5"], {"SGLANG_HYBRID_MAX_DRAFT": "2"}, 6),  # never narrower than steps + 1
     ],
 )
-def test_verify_window_widens_for_long_ngram_chains(model_dirs, args, env, window):
-    res, out = _run(_base(model_dirs) + args, env)
+def test_verify_window_widens_for_long_ngram_chains(resolve, model_dirs, args, env, window):
+    res, out = resolve(_base(model_dirs) + args, env)
     assert res is not None, out[-2000:]
     assert res["speculative_eagle_topk"] == 1 and res["speculative_num_draft_tokens"] == window
     assert f"verify window {window}" in out
 
 
-def test_draft_kind_is_detected_from_the_draft_config(model_dirs):
-    res, out = _run(_base(model_dirs, "eagle3"))
+def test_draft_kind_is_detected_from_the_draft_config(resolve, model_dirs):
+    res, out = resolve(_base(model_dirs, "eagle3"))
     assert res is not None and "eagle3 draft model" in out, out[-2000:]
-    res, out = _run(_base(model_dirs, "dspark"))
+    res, out = resolve(_base(model_dirs, "dspark"))
     assert res is not None and "DSpark draft model, block 3, verify window 4" in out, out[-2000:]
 
 
-def test_dspark_draft_resolves_what_sglangs_dspark_sets(model_dirs):
+def test_dspark_draft_resolves_what_sglangs_dspark_sets(resolve, model_dirs):
     """One draft step, topk 1, verify window gamma + 1 (max(gamma, max_draft) + 1 when max_draft widens it)."""
-    res, out = _run(_base(model_dirs, "dspark") + ["--speculative-num-steps", "5"])
+    res, out = resolve(_base(model_dirs, "dspark") + ["--speculative-num-steps", "5"])
     assert res is not None, out[-2000:]
     assert (res["speculative_num_steps"], res["speculative_eagle_topk"], res["speculative_num_draft_tokens"]) == (1, 1, 4)
     assert res["max_running_requests"] == 48 and res["enable_mixed_chunk"] is False
-    res, out = _run(_base(model_dirs, "dspark"), {"SGLANG_HYBRID_MAX_DRAFT": "8"})
+    res, out = resolve(_base(model_dirs, "dspark"), {"SGLANG_HYBRID_MAX_DRAFT": "8"})
     assert res is not None and res["speculative_num_draft_tokens"] == 9, out[-2000:]
 
 
@@ -145,9 +164,9 @@ def test_dspark_draft_resolves_what_sglangs_dspark_sets(model_dirs):
         ("dspark", ["--speculative-num-draft-tokens", "3"], {}, "--speculative-num-draft-tokens (3) is below"),
     ],
 )
-def test_bad_dspark_configuration_fails_at_startup_naming_the_option(model_dirs, draft, args, env, needle):
+def test_bad_dspark_configuration_fails_at_startup_naming_the_option(resolve, model_dirs, draft, args, env, needle):
     args = [model_dirs["bad_sps"] if a == "BAD_SPS" else a for a in args]
-    res, out = _run(_base(model_dirs, draft) + args, env)
+    res, out = resolve(_base(model_dirs, draft) + args, env)
     assert res is None
     assert needle in out, out[-2000:]
     if "sps" in needle:

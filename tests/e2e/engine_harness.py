@@ -59,6 +59,10 @@ BASE_ENGINE_KWARGS: Dict[str, Any] = dict(
     random_seed=0,
     triton_attention_num_kv_splits=1,  # one split: the interpreted decode kernel costs ~4x less
     log_level="error",
+    # An idle scheduler otherwise spins at 100% of a core; the pool keeps two engines alive and the server tests
+    # run two servers, so on a 2-core machine the idle ones took the cores from the busy one. With it, an idle
+    # scheduler waits on its sockets (zmq poll, 1 s) and wakes when a request arrives.
+    sleep_on_idle=True,
 )
 
 SPEC_KWARGS: Dict[str, Any] = dict(

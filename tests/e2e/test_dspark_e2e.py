@@ -107,6 +107,16 @@ def test_radix_prefix_reuse_and_slot_reuse_stay_lossless(engine_pool, tiny_model
     assert again[0]["meta_info"].get("cached_tokens", 0) > 0, again[0]["meta_info"]
 
 
+@pytest.mark.parametrize("config", ["hybrid_dspark_static", "hybrid_dspark_cap"])
+def test_penalties_in_the_static_and_cap_accept_verify_modes(engine_pool, prompts, hf_reference, tiny_models,
+                                                             config):
+    """The same checks in DSpark's other two verify modes: static (a fixed window, chunked prefill) and cap-accept
+    (with fairness weights between tenants), whose accept runs through the same ``accept_and_finalize`` the
+    penalties wrap. Next to the other static / cap-accept tests, so that their engines start once."""
+    check_penalties(engine_pool.get(config), prompts, hf_reference, tiny_models.target, MAX_NEW,
+                    min_steps=MAX_NEW // 8)
+
+
 def test_without_ngram_equals_sglang_dspark_step_by_step(engine_pool, prompts, hf_reference):
     """enable_ngram=false: same outputs and the same per-request verify lengths as DSPARK (compact, SPS table)."""
     rows = [0, 1, 2, 3]
@@ -189,16 +199,6 @@ def test_penalised_requests_equal_plain_decoding_with_their_penalties(engine_poo
     token back, and sampled penalised requests complete (``e2e_scenarios.check_penalties``)."""
     check_penalties(engine_pool.get("hybrid_dspark_compact"), prompts, hf_reference, tiny_models.target, MAX_NEW,
                     min_steps=MAX_NEW // 8)  # window 8: >= 4 steps
-
-
-@pytest.mark.parametrize("config", ["hybrid_dspark_static", "hybrid_dspark_cap"])
-def test_penalties_in_the_static_and_cap_accept_verify_modes(engine_pool, prompts, hf_reference, tiny_models,
-                                                             config):
-    """The same checks in DSpark's other two verify modes: static (a fixed window, chunked prefill) and cap-accept
-    (with fairness weights between tenants), whose accept runs through the same ``accept_and_finalize`` the
-    penalties wrap."""
-    check_penalties(engine_pool.get(config), prompts, hf_reference, tiny_models.target, MAX_NEW,
-                    min_steps=MAX_NEW // 8)
 
 
 def test_penalised_sampling_follows_the_penalised_distribution(engine_pool, tiny_models):
