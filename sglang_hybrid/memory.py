@@ -62,6 +62,14 @@ def device_bytes(parts: Mapping[str, object], device) -> Dict[str, int]:
     return out
 
 
+def tensors_added(obj, before: Iterable[str]) -> Tuple[torch.Tensor, ...]:
+    """The tensors ``obj`` holds in attributes that are not in ``before`` (``set(vars(obj))`` taken earlier): what
+    a worker allocated for itself since then, so a buffer added later is counted without being listed by hand.
+    Attributes that hold other objects (the step, the penalties) are left to their own parts."""
+    old = set(before)
+    return tuple(v for k, v in vars(obj).items() if k not in old and isinstance(v, torch.Tensor))
+
+
 def mib(n: int) -> float:
     return n / (1 << 20)
 

@@ -6,7 +6,7 @@ import logging
 import torch
 
 from sglang_hybrid.config import HybridConfig
-from sglang_hybrid.memory import device_bytes, summary
+from sglang_hybrid.memory import device_bytes, summary, tensors_added
 from sglang_hybrid.penalties import PenaltyTable
 from sglang_hybrid.sglang_plugin.common import report_device_memory
 from sglang_hybrid.step import HybridStep
@@ -43,6 +43,19 @@ def test_only_this_packages_objects_are_followed_and_other_devices_are_not_count
     meta = torch.zeros(10, device="meta")
     got = device_bytes({"p": [Foreign(), meta, torch.nn.Linear(100, 100)]}, "cpu")
     assert got["total"] == 0
+
+
+def test_a_workers_buffers_are_the_tensors_it_gained_since_the_snapshot():
+    host_tensor = torch.zeros(3)
+    worker = _Holder(host_tensor=host_tensor, step=_Holder(t=torch.zeros(9)))  # what the host set up before
+    own = set(vars(worker))
+    worker.buf = torch.zeros(4)
+    worker.mask = torch.ones(2, dtype=torch.bool)
+    worker.fn, worker.penalties, worker.none = len, _Holder(t=torch.zeros(5)), None  # not plain tensors: not here
+    worker.host_tensor = torch.zeros(6)  # reassigned, but the attribute was there before the snapshot
+    got = tensors_added(worker, own)
+    assert [id(t) for t in got] == [id(worker.buf), id(worker.mask)]
+    assert device_bytes({"worker buffers": got}, "cpu")["total"] == 4 * 4 + 2
 
 
 def test_the_token_history_and_the_corpus_hold_what_the_readme_says():

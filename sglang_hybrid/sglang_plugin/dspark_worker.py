@@ -53,6 +53,7 @@ import torch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
+from ..memory import tensors_added
 from ..step import HybridStep, Proposal
 from .common import load_options, load_sps2d, report_device_memory, write_prefill_history
 from .dspark_args import check_sps_table, model_chain_gamma
@@ -143,6 +144,7 @@ class HybridDSparkWorker(DSparkWorkerV2):
         )
         self._penalties = WorkerPenalties(cfg.penalty_rows, num_slots, int(self.model_runner.model_config.vocab_size),
                                           self.device, self.hybrid._guard, "DSpark")
+        own = set(vars(self))  # the worker's buffers are what it gains from here on (memory.tensors_added)
         self._ctx_tokens = torch.zeros((), dtype=torch.float32, device=self.device)
         dt = torch.int64
         self._merged_tokens = torch.zeros(max_bs, window, dtype=dt, device=self.device)
@@ -170,10 +172,8 @@ class HybridDSparkWorker(DSparkWorkerV2):
 
         warm_up_for_serving(self.hybrid, warm_inputs)
         self._hybrid_calls = for_serving(self.hybrid)  # the step, or its CUDA-graph replay (step_graphs)
-        report_device_memory(self.hybrid, penalties=self._penalties.table, **{
-            "worker buffers": (self._ctx_tokens, self._merged_tokens, self._merged_conf, self._full_vlen,
-                               self._verified, self._one_i32, self._onehot_rows, self._onehot_src,
-                               self._tail_cols, getattr(self, "_onehot_mask", None))})
+        report_device_memory(self.hybrid, penalties=self._penalties.table,
+                             **{"worker buffers": tensors_added(self, own)})
         install(self.hybrid, extra=self._hybrid_extra_metrics)
         logger.info(
             "HYBRID_SPARK (DSpark) ready: %d slots, model block %d, verify window %d, verify mode %s, SPS %s, "

@@ -37,6 +37,7 @@ import torch
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
+from ..memory import tensors_added
 from ..step import HybridStep
 from .common import load_options, report_device_memory, write_prefill_history
 from .penalty_glue import WorkerPenalties
@@ -91,6 +92,7 @@ class HybridMixin:
 
         if window > gamma:
             reserve(self.device, window, max_bs)
+        own = set(vars(self))  # the worker's buffers are what it gains from here on (memory.tensors_added)
         self._hybrid_cols = torch.arange(window + 1, dtype=torch.int32, device=self.device).view(1, -1)
         self._hybrid_unlink = torch.zeros(max_bs, window + 1, dtype=torch.bool, device=self.device)
         from ..graphs import for_serving
@@ -108,7 +110,7 @@ class HybridMixin:
         self._penalties = WorkerPenalties(cfg.penalty_rows, num_slots, vocab, self.device, self.hybrid._guard, "EAGLE")
         self._hybrid_wrap_target_verify_forward()
         report_device_memory(self.hybrid, penalties=self._penalties.table, **{
-            "worker buffers": (self._hybrid_cols, self._hybrid_unlink),
+            "worker buffers": tensors_added(self, own),
             "wide-chain pads": pads()})
         install(self.hybrid, extra=self._penalties.metrics)
         logger.info(
