@@ -1,4 +1,5 @@
-"""HYBRID_SPARK registers through the installed entry point and resolves server arguments, in a fresh process."""
+"""HYBRID_SPARK registers through the installed entry point and resolves server arguments, in a fresh process (a
+fork of one that imported SGLang but loaded no plugin: ``tests/forked_sglang.py``)."""
 
 import json
 import os
