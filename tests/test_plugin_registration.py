@@ -3,8 +3,6 @@ fork of one that imported SGLang but loaded no plugin: ``tests/forked_sglang.py`
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
