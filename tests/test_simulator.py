@@ -246,6 +246,20 @@ def test_model_tail_is_checked_token_by_token_and_lengthens_a_strong_model_chain
         simulate(short_code, dataclasses.replace(base, model_tail=-1))
 
 
+def test_model_splices_are_checked_token_by_token_and_change_the_steps(short_code):
+    """Splices (``calibration/splice.py``, simulator only): the model chain cut after token k and continued by
+    the request's own n-gram. The replay verifies them against the reference like any chain, so the output is the
+    same; on code edits they change how many tokens each step accepts. Bad values are refused."""
+    base = SimOptions(batch_size=2, max_requests=4, policies=("hybrid",), measure="all")
+    off = simulate(short_code, base)["policies"]["hybrid"]
+    on = simulate(short_code, dataclasses.replace(base, model_splices=4, splice_margin=0.0))["policies"]["hybrid"]
+    assert base.model_splices == 0 and on["output_tokens"] == off["output_tokens"]
+    assert on["accepted_per_step"] != off["accepted_per_step"]
+    for bad in (dict(model_splices=-1), dict(splice_margin=-0.5)):
+        with pytest.raises(ValueError, match="model_splices and splice_margin"):
+            simulate(short_code, dataclasses.replace(base, **bad))
+
+
 def test_mixed_workload_reports_each_kind(short_code, chat):
     """A workload that mixes kinds is also reported per kind: the per-kind request-steps, tokens and
     request-seconds add up to the totals, each kind's speed is its tokens over its requests' running time, and

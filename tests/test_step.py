@@ -5,6 +5,7 @@ import torch
 
 from sglang_hybrid.config import HybridConfig
 from sglang_hybrid.step import HostSyncError, HybridStep, sync_guard
+from tests.alloc_probe import profile_call, tagged
 
 GAMMA = 4
 
@@ -161,8 +162,6 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     allocates nothing), so only allocations outside the kernels count, and there must be none."""
     import os
 
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     from sglang_hybrid import step as step_mod
 
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -170,12 +169,6 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     monkeypatch.setenv("SGLANG_HYBRID_SYNC_GUARD", "1")
     s = HybridStep(HybridConfig(model_ema=0.1), num_slots=8, width=256, gamma=GAMMA, max_bs=4, device="cpu",
                    verify_window=8, kernel_backend="triton")
-
-    def tagged(fn):
-        def run(*a, **k):
-            with record_function("hybrid_kernel"):
-                return fn(*a, **k)
-        return run
 
     s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
     s.history._stash, s.history._restore = tagged(s.history._stash), tagged(s.history._restore)
@@ -214,24 +207,13 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
         s.record(slots, p, committed, accept, verified_len=verified)
 
     one_step()  # warm-up: per-batch-size constants (the fixed budget) are made once
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        one_step()
-
-    def in_kernel(e):
-        while e is not None:
-            if e.name == "hybrid_kernel":
-                return True
-            e = e.cpu_parent
-        return False
-
-    events = list(prof.events())
+    launches, outside = profile_call(one_step)
     # 2 x (lookup, calibration, online apply, selection, append, deferred scoring) + 2 x the tail after the model
     # chain (stash, append, lookup, restore, calibration, online apply, online update): verify_window 8 > gamma
     # leaves it 8 - gamma columns; 2 x the model agreement's apply, share and update; 2 x the counters'
     # per-request and batch kernels; 2 x the tail's flags and chain counters.
     assert s.tail is not None
-    assert sum(e.name == "hybrid_kernel" for e in events) == 40
-    outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
+    assert launches == 40
     assert outside == [], outside
 
 

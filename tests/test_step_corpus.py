@@ -5,6 +5,7 @@ import torch
 
 from sglang_hybrid.config import HybridConfig, HybridConfigError
 from sglang_hybrid.step import HostSyncError, HybridStep, sync_guard
+from tests.alloc_probe import profile_call, tagged
 
 GAMMA = 4
 PHRASE = list(range(200, 212))  # what an earlier request produced (three times)
@@ -144,8 +145,6 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
     the corpus's tail after the model chain."""
     import os
 
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     from sglang_hybrid import step as step_mod
 
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -154,12 +153,6 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
     s = HybridStep(HybridConfig(corpus="shared", corpus_entries=1 << 10, corpus_tail=corpus_tail), num_slots=8,
                    width=128, gamma=GAMMA, max_bs=4, device="cpu", verify_window=8, kernel_backend="triton")
     assert (s.ctail is not None) == corpus_tail
-
-    def tagged(fn):
-        def run(*a, **k):
-            with record_function("hybrid_kernel"):
-                return fn(*a, **k)
-        return run
 
     s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
     s.history._stash, s.history._restore = tagged(s.history._stash), tagged(s.history._restore)
@@ -193,17 +186,7 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
         s.record(slots, p, committed, accept)
 
     one_step()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        one_step()
-
-    def in_kernel(e):
-        while e is not None:
-            if e.name == "hybrid_kernel":
-                return True
-            e = e.cpu_parent
-        return False
-
-    events = list(prof.events())
+    launches, outside = profile_call(one_step)
     # lookup, corpus lookup, calibration, the n-gram's and the corpus's online apply, selection, append, corpus
     # insert, deferred scoring, the corpus's online update, and the model chain's tail (stash, append, lookup, restore,
     # calibration, online apply and update; with the corpus's tail, its corpus lookup, online apply and update),
@@ -211,8 +194,7 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
     # corpus's fitted table (the candidate's; with the corpus's tail, its own), and the choice between the n-gram
     # and the corpus (with the corpus's tail, between the two tails too), and the chain counters of the corpus
     # candidate and the tail (with the corpus's tail, its own), and the tail's after-verify flags
-    assert sum(e.name == "hybrid_kernel" for e in events) == 28 + 6 * corpus_tail
-    outside = [e.name for e in events if e.cpu_memory_usage > 0 and not in_kernel(e)]
+    assert launches == 28 + 6 * corpus_tail
     assert outside == [], outside
 
 

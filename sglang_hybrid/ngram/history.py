@@ -13,7 +13,7 @@ batch entry can therefore use slot ``-1``.
 from __future__ import annotations
 
 import logging
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
 import torch
 
@@ -260,14 +260,17 @@ class TokenHistory:
         """
         return self.run_after(slots, extra, lambda: self.lookup(slots, cfg, out))
 
-    def run_after(self, slots: torch.Tensor, extra: torch.Tensor, fn: Callable[[], T]) -> T:
+    def run_after(self, slots: torch.Tensor, extra: torch.Tensor, fn: Callable[[], T],
+                  counts: Optional[torch.Tensor] = None) -> T:
         """``fn()`` run while ``extra [bs, G]`` (int32, every column) follows each slot's history; returns its result.
 
         It saves the ``G`` ring columns the append will overwrite and the lengths (``stash``), appends ``extra``,
         calls ``fn`` (lookups that read this history: the n-gram's, the corpus's), then puts them back
         (``restore``), all on the device in buffers sized for ``max_batch_size`` rows and ``G`` columns
         (``reserve_after``; no host sync), so the table is unchanged: three launches with the Triton backend.
-        ``slots`` must be distinct; ``G <= width``.
+        ``slots`` must be distinct; ``G <= width``. ``counts [bs]`` (int32, each in ``[0, G]``): append only
+        ``extra[b, :counts[b]]`` (the model chain's first ``k`` tokens, ``calibration/splice.py``); default all
+        ``G``. The same ``G`` columns are saved and restored either way.
         """
         bs = self._check_slots(slots, distinct=True, batch_limit=True)
         self._check_batch("extra", extra, bs, 2, (torch.int32,))
@@ -275,7 +278,8 @@ class TokenHistory:
         if g > self.width:
             raise ValueError(f"extra has {g} columns, more than the row width {self.width}")
         sc = self.reserve_after(g)
-        idx, saved, s64, lens0, counts = sc[0][:bs], sc[1][:bs], sc[2][:bs], sc[3][:bs], sc[4][:bs]
+        idx, saved, s64, lens0 = sc[0][:bs], sc[1][:bs], sc[2][:bs], sc[3][:bs]
+        counts = sc[4][:bs] if counts is None else counts  # append checks a given one
         # An out-of-range slot (a padded entry) reads and restores a real row's own values: a no-op.
         self._stash(self.tokens, self.lens, slots, idx, saved, s64, lens0)
         self.append(slots, extra, counts)

@@ -28,6 +28,7 @@ from ..calibration.agreement import ModelAgreement
 from ..calibration.candidates import make_step_corpus
 from ..calibration.deferred import DEFAULT_DEPTH
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
+from ..calibration.splice import make_step_splice
 from ..calibration.tail import make_step_corpus_tail, make_step_tail
 from ..ngram import NgramConfig, TokenHistory
 from ..selection import SelectionBuffers, dense_sps, select_chains
@@ -158,7 +159,8 @@ class HybridPolicy:
                  online_defer: int = DEFAULT_DEPTH, online_bins: int = 0, sps2d: Optional[Sps2DTable] = None,
                  two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
                  corpus_calibration="default", model_tail: int = 0, model_agreement: bool = True,
-                 corpus_tail: bool = True, fairness: float = 0.0, fairness_scope: str = "request") -> None:
+                 corpus_tail: bool = True, fairness: float = 0.0, fairness_scope: str = "request",
+                 model_splices: int = 0, splice_margin: float = 0.2) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -197,6 +199,10 @@ class HybridPolicy:
         self.ctail = make_step_corpus_tail(corpus_tail, self.corpus, self.corpus_cand, self.tail, num_slots=max_bs,
                                            max_bs=max_bs, gamma=gamma, device="cpu", online=online_calibration,
                                            strength=online_strength)
+        # Splices of the model chain (calibration/splice.py), as HybridStep builds them.
+        self.splice = make_step_splice(model_splices if enable_ngram else 0, splice_margin,
+                                       width=gamma + (self.tail.tail if self.tail is not None else 0), gamma=gamma,
+                                       lookup_cfg=self.cfg, max_bs=max_bs, device="cpu")
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py), as HybridStep.
         self.agreement = ModelAgreement(max_bs, max_draft, gamma, "cpu", strength=online_strength) \
             if model_agreement and enable_ngram else None
@@ -227,8 +233,10 @@ class HybridPolicy:
         if self.agreement is not None:
             self.agreement.update(committed, counts)
         if self.tail is not None:
-            self.tail.update(inp.slots, committed, counts, out.ngram_chosen.to(torch.int32), out.verify_len,
-                             corpus=self.ctail)
+            choice = out.ngram_chosen.to(torch.int32)
+            if self.splice is not None:  # a spliced chain is neither the model chain's tail nor the n-gram chain
+                choice = self.splice.for_record(choice, out.verify_len)[0]
+            self.tail.update(inp.slots, committed, counts, choice, out.verify_len, corpus=self.ctail)
         if self.corpus is not None:  # every request's committed tokens, after the history append (as HybridStep)
             self.corpus.insert(self._history, inp.slots, counts)
             self.corpus_cand.update(inp.slots, committed, counts)
@@ -270,6 +278,7 @@ class HybridPolicy:
             ntok, nlen = self.corpus_cand.choose(d.tokens, surv, d.length, cd, csurv)
         nlen = nlen if self.enable_ngram else torch.zeros_like(d.length)
         model_surv = torch.cumprod(inp.conf, dim=1)
+        raw_surv = model_surv.clone() if self.splice is not None else None  # before the agreement's shared price
         if self.fair is not None:  # DSpark's plan for these model chains alone: the fairness yardstick
             self.fair.plan(model_surv)
         mtok = inp.model_tokens
@@ -279,6 +288,8 @@ class HybridPolicy:
             mtok, model_surv = self.tail.draft_and_extend(history, inp.slots, self.calib, mtok, model_surv,
                                                           corpus=self.ctail)
         out = self.sel.view(bs)
+        if self.splice is not None:  # the model chain or a splice of it, at the last step's price (out.price)
+            mtok, model_surv = self.splice.splice(history, inp.slots, self.calib, mtok, model_surv, raw_surv, out.price)
         if self.fair is not None:  # as HybridStep.propose: both chains of a request weighted alike
             fw = self.fair.weights(inp.slots, inp.tenant).view(-1, 1)
             sel_m, sel_n = model_surv * fw, surv * fw  # the selection's inputs; the figures keep the estimates

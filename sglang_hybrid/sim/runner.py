@@ -61,6 +61,9 @@ class SimOptions:
     fairness_scope: str = HybridConfig.fairness_scope  # "request", or "tenant" (each request kind its own tenant)
     model_tail: int = HybridConfig.model_tail  # hybrid: n-gram tail after the model chain (calibration/tail.py),
     # at most this many tokens, capped by the chain width minus gamma; 0 = off
+    model_splices: int = 0  # hybrid: splice points before the model chain's end (calibration/splice.py); simulator
+    # only, not in the workers yet
+    splice_margin: float = 0.2  # hybrid: expected tokens a splice must add over the model chain
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
     calibration: Optional[str] = None  # None = the shipped table
     sps_table: Optional[str] = None  # None = the shipped roofline table
@@ -107,6 +110,9 @@ class SimOptions:
             raise ValueError(f"online_defer: must be >= 0, got {self.online_defer}")
         if self.model_tail < 0:
             raise ValueError(f"model_tail: must be >= 0 (0 = off), got {self.model_tail}")
+        if self.model_splices < 0 or self.splice_margin < 0:
+            raise ValueError(f"model_splices and splice_margin: must be >= 0, got {self.model_splices} and "
+                             f"{self.splice_margin}")
         if self.corpus not in ("off", "shared"):
             raise ValueError(f"corpus: choose from ('off', 'shared'), got {self.corpus!r}")
         if self.max_draft is not None and not (1 <= self.max_draft <= 16):
@@ -224,7 +230,8 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None, hy
                    two_branch=opts.two_branch, corpus=opts.corpus, corpus_entries=opts.corpus_entries,
                    corpus_calibration=opts.corpus_calibration, model_tail=opts.model_tail,
                    model_agreement=opts.model_agreement, corpus_tail=opts.corpus_tail, fairness=opts.fairness,
-                   fairness_scope=opts.fairness_scope)
+                   fairness_scope=opts.fairness_scope, model_splices=opts.model_splices,
+                   splice_margin=opts.splice_margin)
     if name == ORACLE and opts.oracle:
         from .oracle import OraclePolicy
 

@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid, with --corpus shared and the tail on: the corpus's continuation after the model "
                         "chain competes with the n-gram tail (the better of the two per request; default on, as "
                         "the plugin's corpus_tail)")
+    n.add_argument("--model-splices", type=int, default=0,
+                   help="hybrid: splice points just before the model chain's end (the chain cut after token k = "
+                        "gamma - N .. gamma - 1 and continued by the request's own n-gram; calibration/splice.py; "
+                        "simulator only, not in the workers yet); 0 = off")
+    n.add_argument("--splice-margin", type=float, default=0.2,
+                   help="hybrid, with --model-splices: expected tokens a splice must add over the model chain")
     n.add_argument("--fairness", type=float, default=HybridConfig.fairness,
                    help="hybrid: weight each request's survivals by (the batch's lowest speed relative to DSpark's "
                         "plan for the same request / its own) ** FAIRNESS before the selection (selection/"
@@ -154,7 +160,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         hybrid_verify=args.hybrid_verify, two_branch=args.two_branch, corpus=args.corpus,
         corpus_entries=args.corpus_entries, corpus_calibration=args.corpus_calibration, model_tail=args.model_tail,
         model_agreement=args.model_agreement, corpus_tail=args.corpus_tail, fairness=args.fairness,
-        fairness_scope=args.fairness_scope,
+        fairness_scope=args.fairness_scope, model_splices=args.model_splices, splice_margin=args.splice_margin,
         online_calibration=HybridConfig.online_calibration if args.online_calibration is None
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,
