@@ -77,6 +77,9 @@ class HybridConfig:
     # this many tokens, capped by the chain width minus gamma (so 0 wherever the window is only gamma); 0 = off
     corpus_tail: bool = True  # with the corpus on and the tail on: the corpus's continuation after the model chain
     # competes with the n-gram tail (calibration/tail.py: CorpusTail; the better of the two per request)
+    model_splices: int = 0  # splice points just before the model chain's end (calibration/splice.py): the chain
+    # cut after token k = gamma - model_splices .. gamma - 1 and continued by the request's own n-gram; 0 = off
+    splice_margin: float = 0.2  # expected tokens a splice must add over the model chain (at the last step's price)
     fairness: float = 0.0  # each request's survivals times (the batch's lowest speed relative to DSpark's plan for
     # it / its own) ** fairness before the selection (selection/fairness.py): 0 = the batch's tokens per second
     # alone; 2 keeps chat beside code edits near DSpark's speed; needs DSpark's ragged verify (an SPS budget)
@@ -126,6 +129,10 @@ class HybridConfig:
             raise bad("metrics_interval", f"must be >= 0, got {self.metrics_interval}")
         if not (0 <= self.model_tail <= MAX_DRAFT_LIMIT):
             raise bad("model_tail", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_tail}")
+        if not (0 <= self.model_splices <= MAX_DRAFT_LIMIT):
+            raise bad("model_splices", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_splices}")
+        if not (0.0 <= self.splice_margin <= MAX_DRAFT_LIMIT):
+            raise bad("splice_margin", f"must be in [0, {MAX_DRAFT_LIMIT}] (expected tokens), got {self.splice_margin}")
         if not (0.0 <= self.fairness <= FAIRNESS_MAX):
             raise bad("fairness", f"must be in [0, {FAIRNESS_MAX:g}] (0 = off; the exponent of the weights), "
                                   f"got {self.fairness}")

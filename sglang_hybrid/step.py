@@ -26,6 +26,7 @@ from .calibration.agreement import conditional as _conditional
 from .calibration.apply import DeviceCalibration
 from .calibration.candidates import make_step_corpus
 from .calibration.online import OnlineCalibration
+from .calibration.splice import make_step_splice
 from .calibration.tail import make_step_corpus_tail, make_step_tail
 from .config import HybridConfig
 from .hostsync import HostSyncError, sync_guard  # noqa: F401 (re-exported)
@@ -133,6 +134,15 @@ class HybridStep:
                                            num_slots=num_slots, max_bs=max_bs, gamma=gamma, device=self.device,
                                            online=cfg.online_calibration, strength=cfg.online_strength,
                                            backend=kernel_backend)
+        # Splices of the model chain (calibration/splice.py): the chain cut after token k and continued by the
+        # request's own n-gram, kept where it beats the model chain (as the tail extended it) by a margin.
+        self.splice = make_step_splice(
+            cfg.model_splices if cfg.enable_model and cfg.enable_ngram else 0, cfg.splice_margin,
+            width=gamma + (self.tail.tail if self.tail is not None else 0), gamma=gamma, lookup_cfg=self.ngram_cfg,
+            max_bs=max_bs, device=self.device)
+        if self.splice is not None:
+            self.history.reserve_after(gamma)
+            self._raw_surv = torch.zeros(max_bs, gamma, dtype=torch.float32, device=self.device)
         self.sel = SelectionBuffers(max_bs, self.width, self.device)
         # Fairness between requests (option ``fairness``, selection/fairness.py): each request's survivals are
         # weighted by its speed relative to DSpark's plan for it before the selection. None (no ops at all) when 0,
@@ -291,6 +301,8 @@ class HybridStep:
                 model_surv.copy_(self._cond_surv.expand(bs, -1))
             else:
                 model_surv.zero_()
+            if self.splice is not None:  # the drafter's own survivals, before the agreement's shared price
+                self._raw_surv[:bs].copy_(model_surv)
             if not self.cfg.enable_ngram:
                 ngram_len = self._no_ngram[:bs]
             if self.fair is not None:  # DSpark's plan for these model chains alone: the fairness yardstick
@@ -304,6 +316,9 @@ class HybridStep:
                 mt, model_surv = self.tail.draft_and_extend(self.history, slots, self.calib_dev, mt, model_surv,
                                                             corpus=self.ctail,
                                                             tenant=ten if self.ctail is not None else None)
+            if self.splice is not None:  # the model chain or a splice of it, at the last step's price
+                mt, model_surv = self.splice.splice(self.history, slots, self.calib_dev, mt, model_surv,
+                                                    self._raw_surv[:bs], self.price)
             out = self.sel.view(bs)
             if self.fair is not None:  # both chains of a request alike: only its share of the budget moves
                 fw = self.fair.weights(slots, ten).view(-1, 1)  # scope "request" ignores the tenant ids
@@ -368,6 +383,9 @@ class HybridStep:
                 if self.tail is not None:  # the tail's calibrated per-token acceptance (0 past its length)
                     t = min(g - self.gamma, self.tail.tail)
                     mc[:, self.gamma : self.gamma + t].copy_(self.tail.q[:bs, :t])
+            if self.splice is not None:  # a spliced chain: its draft's per-token acceptance past the splice point
+                gg = min(g, self.splice.width)
+                torch.where(self.splice.after[:bs, :gg], self.splice.cond[:bs, :gg], mc[:, :gg], out=mc[:, :gg])
             is_ng = self._is_ng[:bs].view(-1, 1)
             torch.eq(proposal.choice.view(-1, 1), self._one_i32, out=is_ng)
             torch.where(is_ng, ng, mc, out=out)
@@ -392,12 +410,15 @@ class HybridStep:
             if self.agreement is not None:
                 self.agreement.update(committed, accept_lens)
             vlen = proposal.verify_len if verified_len is None else verified_len
+            choice, model_vlen = proposal.choice, vlen
+            if self.splice is not None:  # a spliced chain: neither the tail's nor the n-gram's; the model's own k
+                choice, model_vlen = self.splice.for_record(proposal.choice, vlen)
             if self.tail is not None:
-                self.tail.update(slots, committed, accept_lens, proposal.choice, vlen, corpus=self.ctail)
+                self.tail.update(slots, committed, accept_lens, choice, vlen, corpus=self.ctail)
             if self.corpus is not None:
                 self.corpus.insert(self.history, slots, accept_lens, self._batch_tenant(slots))
-                self.corpus_cand.update(slots, committed, accept_lens, proposal.choice)
-            self.stats.update(slots, vlen, proposal.choice, accept_lens)
+                self.corpus_cand.update(slots, committed, accept_lens, choice)
+            self.stats.update(slots, model_vlen, choice, accept_lens)
             if self.fair is not None:  # the chain each request verified, as the selection saw it
                 self.fair.update(slots, proposal.survival, vlen)
         self.note_record()
@@ -423,6 +444,7 @@ class HybridStep:
         m["tenants_seen"] = len(self._tenants_seen)  # distinct tenants prefilled (0 where unused)
         m.update(self.extra_metrics)
         m["model_tail_tokens"] = 0 if self.tail is None else self.tail.tail
+        m["model_splice_points"] = 0 if self.splice is None else len(self.splice.points)
         if self.tail is not None:
             m.update(self.tail.counts())
         if self.ctail is not None:

@@ -155,7 +155,8 @@ def test_dspark_shaped_merge_feeds_sglangs_dspark_planner():
     assert torch.allclose(only_model.conditional_confidence(p2)[:, :GAMMA], conf, atol=1e-6)
 
 
-def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
+@pytest.mark.parametrize("splices", [0, 3])
+def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch, splices):
     """propose / record / conditional_confidence run as the worker runs them (host-sync guard on, so the CPU-only
     argument checks are off) with the Triton kernels under the interpreter. The profiler records every tensor
     allocation; the ones made inside a kernel launch are the interpreter's own copies (on CUDA a launch
@@ -167,8 +168,8 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py before triton is imported)")
     monkeypatch.setenv("SGLANG_HYBRID_SYNC_GUARD", "1")
-    s = HybridStep(HybridConfig(model_ema=0.1), num_slots=8, width=256, gamma=GAMMA, max_bs=4, device="cpu",
-                   verify_window=8, kernel_backend="triton")
+    s = HybridStep(HybridConfig(model_ema=0.1, model_splices=splices), num_slots=8, width=256, gamma=GAMMA, max_bs=4,
+                   device="cpu", verify_window=8, kernel_backend="triton")
 
     s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
     s.history._stash, s.history._restore = tagged(s.history._stash), tagged(s.history._restore)
@@ -211,9 +212,10 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch):
     # 2 x (lookup, calibration, online apply, selection, append, deferred scoring) + 2 x the tail after the model
     # chain (stash, append, lookup, restore, calibration, online apply, online update): verify_window 8 > gamma
     # leaves it 8 - gamma columns; 2 x the model agreement's apply, share and update; 2 x the counters'
-    # per-request and batch kernels; 2 x the tail's flags and chain counters.
-    assert s.tail is not None
-    assert launches == 40
+    # per-request and batch kernels; 2 x the tail's flags and chain counters; with splices, 2 x 3 points x (stash,
+    # append, lookup, restore, calibration).
+    assert s.tail is not None and (s.splice is not None) == (splices > 0)
+    assert launches == 40 + 30 * (splices > 0)
     assert outside == [], outside
 
 
@@ -322,6 +324,38 @@ def test_model_tail_is_scored_only_where_the_whole_model_chain_was_committed():
     m = step.metrics()
     assert int(prop.verify_len[0]) > GAMMA and int(prop.verify_len[1]) > GAMMA
     assert (m["model_tail_tokens"], m["tail_chosen"], m["accepted_tail"]) == (10 - GAMMA, 2, 3 + 2)
+
+
+def test_model_splice_continues_the_model_chain_from_where_the_history_picks_it_up():
+    """Option ``model_splices`` (calibration/splice.py): the model chain starts a phrase the history holds, then
+    leaves it with two unsure tokens. Neither the n-gram lookup (the history ends in tokens seen nowhere else) nor
+    the tail after the model chain finds anything; the splice after the model's second token does, and the
+    chain verified is ``model[:2] ++`` the phrase. DSpark's planner reads the splice's own estimates past the
+    splice point, and after verify the chain counts as neither the tail nor the n-gram chain."""
+    copy = list(range(10, 30))
+    slots = torch.tensor([3])
+    model = torch.tensor([[10, 11, 99, 98]], dtype=torch.int32)
+    conf = torch.tensor([[0.95, 0.95, 0.2, 0.2]])
+    off = _wide_step(10)
+    _prefill(off, slots, [copy + [50, 51]])
+    assert off.splice is None and off.propose(slots, model, model_confidence=conf).tokens[0, :GAMMA].tolist() == \
+        model[0].tolist()
+    step = _wide_step(10, model_splices=3)
+    assert step.splice.points == (1, 2, 3)
+    _prefill(step, slots, [copy + [50, 51]])
+    prop = step.propose(slots, model, model_confidence=conf)
+    assert int(prop.choice[0]) == 0 and int(step.splice.point[0]) == 2
+    assert prop.tokens[0, : int(prop.verify_len[0])].tolist() == copy[: int(prop.verify_len[0])]
+    assert int(prop.verify_len[0]) > GAMMA
+    out = torch.zeros(1, 10)
+    step.planner_confidence(prop, torch.cat([conf, torch.full((1, 6), 0.9)], 1), out)
+    assert out[0, :2].tolist() == conf[0, :2].tolist()
+    assert torch.equal(out[0, 2:], step.splice.cond[0, 2:10]) and float(out[0, 2]) > 0
+    committed = torch.tensor([copy[:8] + [7]], dtype=torch.int32)
+    step.record(slots, prop, committed, torch.tensor([9], dtype=torch.int32))
+    m = step.metrics()
+    assert (m["tail_chosen"], m["model_splice_points"]) == (0, 3)
+    assert step.history.lens[3] == len(copy) + 2 + 9
 
 
 def test_prefill_hook_rebuilds_a_retracted_requests_history_from_prompt_and_output():

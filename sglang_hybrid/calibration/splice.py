@@ -16,8 +16,8 @@ margin stands for what the estimates cannot see: the splice with the largest est
 most likely over-estimated. The selection then chooses between the kept chain and the n-gram chain as before.
 After verify, ``for_record`` keeps a spliced chain out of the model chain's own records.
 
-The simulator runs it (``sim/policies.py: HybridPolicy``, option ``--model-splices``); the workers do not yet
-(README, "Splices of the model chain").
+``HybridStep`` (option ``model_splices``, off by default) and the simulator's ``HybridPolicy``
+(``--model-splices``) build it with ``make_step_splice``.
 
 Decode-step rules: ``splice`` writes only into buffers made at construction for the largest batch, never reads
 the device and never branches on device data.

@@ -61,9 +61,8 @@ class SimOptions:
     fairness_scope: str = HybridConfig.fairness_scope  # "request", or "tenant" (each request kind its own tenant)
     model_tail: int = HybridConfig.model_tail  # hybrid: n-gram tail after the model chain (calibration/tail.py),
     # at most this many tokens, capped by the chain width minus gamma; 0 = off
-    model_splices: int = 0  # hybrid: splice points before the model chain's end (calibration/splice.py); simulator
-    # only, not in the workers yet
-    splice_margin: float = 0.2  # hybrid: expected tokens a splice must add over the model chain
+    model_splices: int = HybridConfig.model_splices  # hybrid: splice points before the model chain's end (splice.py)
+    splice_margin: float = HybridConfig.splice_margin  # hybrid: expected tokens a splice must add over the model chain
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
     calibration: Optional[str] = None  # None = the shipped table
     sps_table: Optional[str] = None  # None = the shipped roofline table

@@ -86,12 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid, with --corpus shared and the tail on: the corpus's continuation after the model "
                         "chain competes with the n-gram tail (the better of the two per request; default on, as "
                         "the plugin's corpus_tail)")
-    n.add_argument("--model-splices", type=int, default=0,
+    n.add_argument("--model-splices", type=int, default=HybridConfig.model_splices,
                    help="hybrid: splice points just before the model chain's end (the chain cut after token k = "
-                        "gamma - N .. gamma - 1 and continued by the request's own n-gram; calibration/splice.py; "
-                        "simulator only, not in the workers yet); 0 = off")
-    n.add_argument("--splice-margin", type=float, default=0.2,
-                   help="hybrid, with --model-splices: expected tokens a splice must add over the model chain")
+                        "gamma - N .. gamma - 1 and continued by the request's own n-gram; calibration/splice.py, "
+                        "the plugin's model_splices); 0 = off")
+    n.add_argument("--splice-margin", type=float, default=HybridConfig.splice_margin,
+                   help="hybrid, with --model-splices: expected tokens a splice must add over the model chain (the "
+                        "plugin's splice_margin)")
     n.add_argument("--fairness", type=float, default=HybridConfig.fairness,
                    help="hybrid: weight each request's survivals by (the batch's lowest speed relative to DSpark's "
                         "plan for the same request / its own) ** FAIRNESS before the selection (selection/"

@@ -229,9 +229,10 @@ _register_dspark("hybrid_dspark_compact", "HYBRID_SPARK", "compact",
 # the corpus on, so a retracted request's output is inserted across its lives) and on the EAGLE-family worker's
 # wide window.
 _RETRACT = (("SGLANG_TEST_RETRACT", "1"), ("SGLANG_TEST_RETRACT_INTERVAL", "3"))
-# window 8 and a small shared corpus, under the sync guard: the retraction and no-overlap DSpark engines
+# window 8, a small shared corpus and the model chain's splices (calibration/splice.py), under the sync guard: the
+# retraction and no-overlap DSpark engines
 _DSPARK_CORPUS_4K = (_GUARD, ("SGLANG_HYBRID_MAX_DRAFT", "7"), ("SGLANG_HYBRID_CORPUS", "shared"),
-                     ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 12)))
+                     ("SGLANG_HYBRID_CORPUS_ENTRIES", str(1 << 12)), ("SGLANG_HYBRID_MODEL_SPLICES", "3"))
 _register_dspark("hybrid_dspark_retract", "HYBRID_SPARK", "compact", env=_DSPARK_CORPUS_4K + _RETRACT)
 register_config(
     EngineConfig(
