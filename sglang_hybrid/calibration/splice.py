@@ -96,7 +96,8 @@ class ModelSplice:
                 q=self._q[:bs], s=self._s[:bs], tok=self.tokens[:bs], sv=self.survival[:bs], cond=self.cond[:bs],
                 point=self.point[:bs], ctok=self._ctok[:bs], csv=self._csv[:bs], ccond=self._ccond[:bs],
                 best=self._best[:bs], cand=self._cand[:bs], take=self._take[:bs], gap=self._gap[:bs],
-                after=self.after[:bs], spliced=self._spliced[:bs], choice=self._choice[:bs], vlen=self._vlen[:bs], kept=self._kept[:bs], has=self._has[:bs],
+                after=self.after[:bs], spliced=self._spliced[:bs], choice=self._choice[:bs], vlen=self._vlen[:bs],
+                kept=self._kept[:bs], has=self._has[:bs],
                 no_model=self._no_model[:bs], k={k: t[:bs] for k, t in self._k.items()})
             self._view_cache[bs] = v
         return v
