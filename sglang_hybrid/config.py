@@ -80,6 +80,8 @@ class HybridConfig:
     model_splices: int = 0  # splice points just before the model chain's end (calibration/splice.py): the chain
     # cut after token k = gamma - model_splices .. gamma - 1 and continued by the request's own n-gram; 0 = off
     splice_margin: float = 0.2  # expected tokens a splice must add over the model chain (at the last step's price)
+    model_echo: bool = True  # where a lookup after the model chain's first k tokens matches (the tail's: k = gamma;
+    # the splices'), those tokens are priced by the traffic's record of such echoes (calibration/echo.py)
     fairness: float = 0.0  # each request's survivals times (the batch's lowest speed relative to DSpark's plan for
     # it / its own) ** fairness before the selection (selection/fairness.py): 0 = the batch's tokens per second
     # alone; 2 keeps chat beside code edits near DSpark's speed; needs DSpark's ragged verify (an SPS budget)

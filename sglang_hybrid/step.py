@@ -26,6 +26,7 @@ from .calibration.agreement import conditional as _conditional
 from .calibration.apply import DeviceCalibration
 from .calibration.candidates import make_step_corpus
 from .calibration.online import OnlineCalibration
+from .calibration.echo import make_step_echo
 from .calibration.splice import make_step_splice
 from .calibration.tail import make_step_corpus_tail, make_step_tail
 from .config import HybridConfig
@@ -140,6 +141,13 @@ class HybridStep:
             cfg.model_splices if cfg.enable_model and cfg.enable_ngram else 0, cfg.splice_margin,
             width=gamma + (self.tail.tail if self.tail is not None else 0), gamma=gamma, lookup_cfg=self.ngram_cfg,
             max_bs=max_bs, device=self.device)
+        # The history's echo of the model chain (calibration/echo.py): the model tokens a lookup after them (the
+        # tail's, the splices') finds in the history, priced by the traffic's record of such echoes.
+        self.echo = make_step_echo(
+            cfg.model_echo and cfg.enable_model and cfg.enable_ngram, tail=self.tail is not None,
+            splices=self.splice is not None, max_bs=max_bs, gamma=gamma,
+            width=gamma + (self.tail.tail if self.tail is not None else 0), device=self.device,
+            strength=cfg.online_strength)
         if self.splice is not None:
             self.history.reserve_after(gamma)
             self._raw_surv = torch.zeros(max_bs, gamma, dtype=torch.float32, device=self.device)
@@ -316,9 +324,14 @@ class HybridStep:
                 mt, model_surv = self.tail.draft_and_extend(self.history, slots, self.calib_dev, mt, model_surv,
                                                             corpus=self.ctail,
                                                             tenant=ten if self.ctail is not None else None)
+            if self.echo is not None:  # the model tokens the history echoes (the tail's lookup, then the splices')
+                self.echo.start(bs, self.tail.draft_buffers(bs).length if self.tail is not None else None)
+                if self.splice is None:
+                    model_surv = self.echo.lift_model(model_surv)
+                    self.echo.finish(mt, model_surv)
             if self.splice is not None:  # the model chain or a splice of it, at the last step's price
                 mt, model_surv = self.splice.splice(self.history, slots, self.calib_dev, mt, model_surv,
-                                                    self._raw_surv[:bs], self.price)
+                                                    self._raw_surv[:bs], self.price, echo=self.echo)
             out = self.sel.view(bs)
             if self.fair is not None:  # both chains of a request alike: only its share of the budget moves
                 fw = self.fair.weights(slots, ten).view(-1, 1)  # scope "request" ignores the tenant ids
@@ -383,6 +396,9 @@ class HybridStep:
                 if self.tail is not None:  # the tail's calibrated per-token acceptance (0 past its length)
                     t = min(g - self.gamma, self.tail.tail)
                     mc[:, self.gamma : self.gamma + t].copy_(self.tail.q[:bs, :t])
+            if self.echo is not None:  # the echoed model tokens (calibration/echo.py), as the selection priced them
+                ge = min(g, self.echo.width)
+                torch.where(self.echo.echoed[:bs, :ge], self.echo.cond[:bs, :ge], mc[:, :ge], out=mc[:, :ge])
             if self.splice is not None:  # a spliced chain: its draft's per-token acceptance past the splice point
                 gg = min(g, self.splice.width)
                 torch.where(self.splice.after[:bs, :gg], self.splice.cond[:bs, :gg], mc[:, :gg], out=mc[:, :gg])
@@ -409,6 +425,8 @@ class HybridStep:
                 self.online.update(slots, committed, accept_lens)
             if self.agreement is not None:
                 self.agreement.update(committed, accept_lens)
+            if self.echo is not None:  # the echo's record (calibration/echo.py)
+                self.echo.score(committed, accept_lens)
             vlen = proposal.verify_len if verified_len is None else verified_len
             choice, model_vlen = proposal.choice, vlen
             if self.splice is not None:  # a spliced chain: neither the tail's nor the n-gram's; the model's own k
@@ -445,6 +463,7 @@ class HybridStep:
         m.update(self.extra_metrics)
         m["model_tail_tokens"] = 0 if self.tail is None else self.tail.tail
         m["model_splice_points"] = 0 if self.splice is None else len(self.splice.points)
+        m["model_echo_ratio"] = 0.0 if self.echo is None else self.echo.host_ratio()  # 0 = off, 1 = no evidence
         if self.tail is not None:
             m.update(self.tail.counts())
         if self.ctail is not None:

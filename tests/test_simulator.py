@@ -255,6 +255,11 @@ def test_model_splices_are_checked_token_by_token_and_change_the_steps(short_cod
     on = simulate(short_code, dataclasses.replace(base, model_splices=4, splice_margin=0.0))["policies"]["hybrid"]
     assert base.model_splices == 0 and on["output_tokens"] == off["output_tokens"]
     assert on["accepted_per_step"] != off["accepted_per_step"]
+    # The echo (calibration/echo.py, on by default) learns from the traffic and moves the steps too.
+    mute = simulate(short_code, dataclasses.replace(base, model_splices=4, splice_margin=0.0, model_echo=False))
+    mute = mute["policies"]["hybrid"]
+    assert base.model_echo and mute["output_tokens"] == off["output_tokens"]
+    assert mute["steps"] != on["steps"]
     for bad in (dict(model_splices=-1), dict(splice_margin=-0.5)):
         with pytest.raises(ValueError, match="model_splices and splice_margin"):
             simulate(short_code, dataclasses.replace(base, **bad))

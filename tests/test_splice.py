@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from sglang_hybrid.calibration.echo import ModelEcho, lift_ref
 from sglang_hybrid.calibration.splice import ModelSplice, make_step_splice, splice_points
 from sglang_hybrid.ngram import NgramConfig, TokenHistory
 from sglang_hybrid.sim.runner import load_calibration
@@ -62,33 +63,42 @@ def _table(rows: list[list[int]]) -> TokenHistory:
     return h
 
 
-def _reference(rows, slots, calib, tokens, survival, model_surv, price, points, margin, draft_cfg):
-    """Per row: the kept point, tokens and survivals, from scratch."""
+def _reference(rows, slots, calib, tokens, survival, model_surv, price, points, margin, draft_cfg, r=1.0):
+    """Per row: the kept point, tokens and survivals, and the echo's reach, from scratch (``r``: the echo's odds
+    ratio, ``lift_ref``)."""
     bs, w = tokens.shape
-    point = np.zeros(bs, dtype=np.int64)
+    point, reach = np.zeros(bs, dtype=np.int64), np.zeros(bs, dtype=np.int64)
     tok, sv = tokens.clone(), survival.clone()
     for b in range(bs):
-        best = float(np.maximum(survival[b].double().numpy() - float(price), 0).sum()) + margin
+        cands = []
         for k in points:
             h = _table([rows[int(slots[b])] + tokens[b, :k].tolist()])
             d = h.lookup(torch.tensor([0]), draft_cfg)
             q = torch.zeros(1, draft_cfg.max_draft)
             s = torch.zeros(1, draft_cfg.max_draft)
             calib.apply(d, torch.full((1, 1), -1, dtype=torch.int32), q, s)
-            if int(d.length[0]) == 0:
-                continue
+            if int(d.length[0]) > 0:
+                cands.append((k, d.tokens[0], s[0]))
+                reach[b] = k
+        rb = torch.tensor([reach[b]])
+        sv[b] = lift_ref(survival[b : b + 1], rb, r)[0][0].float()
+        msv = lift_ref(model_surv[b : b + 1], rb, r)[0][0].float()
+        best = float(np.maximum(sv[b].double().numpy() - float(price), 0).sum()) + margin
+        for k, dt, ds in cands:
             n = w - k
-            ct = torch.cat([tokens[b, :k], d.tokens[0, :n]])
-            cs = torch.cat([model_surv[b, :k], s[0, :n] * model_surv[b, k - 1]])
+            ct = torch.cat([tokens[b, :k], dt[:n]])
+            cs = torch.cat([msv[:k], ds[:n] * msv[k - 1]])
             cand = float(np.maximum(cs.double().numpy() - float(price), 0).sum())
             if cand > best:
                 best, point[b], tok[b], sv[b] = cand, k, ct, cs
-    return point, tok, sv
+    return point, tok, sv, reach
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("margin", [0.0, 0.2])
-def test_splice_keeps_what_a_per_row_reference_keeps(seed, margin):
+@pytest.mark.parametrize("echo", [(0.0, 0.0), (1.0, 20.0)])
+def test_splice_keeps_what_a_per_row_reference_keeps(seed, margin, echo):
+    """With the echo's record empty (R = 1: nothing lifted) and at R = 7 (the prefixes before the reach lifted)."""
     rng = np.random.default_rng(seed)
     rows = _histories(rng)
     h = _table(rows)
@@ -108,15 +118,21 @@ def test_splice_keeps_what_a_per_row_reference_keeps(seed, margin):
     price = torch.tensor([float(rng.uniform(0.0, 0.15))])
     points = splice_points(GAMMA, 4)
     sp = ModelSplice(8, GAMMA, WIDTH, points, CFG, margin, "cpu")
-    tok, sv = sp.splice(h, slots, calib, tokens, survival, model_surv, price)
-    ref_point, ref_tok, ref_sv = _reference(rows, slots, calib, tokens, survival, model_surv, price, points,
-                                            margin, sp.cfg)
-    assert sp.point[:bs].tolist() == ref_point.tolist()
+    e = ModelEcho(8, GAMMA, WIDTH, "cpu")
+    e.record.copy_(torch.tensor(echo))
+    e.start(bs)
+    tok, sv = sp.splice(h, slots, calib, tokens, survival, model_surv, price, echo=e)
+    ref_point, ref_tok, ref_sv, ref_reach = _reference(rows, slots, calib, tokens, survival, model_surv, price,
+                                                       points, margin, sp.cfg, r=float(e.ratio()))
+    assert sp.point[:bs].tolist() == ref_point.tolist() and e.reach[:bs].tolist() == ref_reach.tolist()
     assert torch.equal(tok, ref_tok)
     torch.testing.assert_close(sv, ref_sv, rtol=0, atol=1e-6)
     spliced = ref_point > 0
     after = torch.arange(WIDTH).view(1, -1) >= torch.from_numpy(ref_point).view(-1, 1)
     assert torch.equal(sp.after[:bs], after & torch.from_numpy(spliced).view(-1, 1))
+    lifted = torch.arange(WIDTH).view(1, -1) < torch.from_numpy(ref_reach).view(-1, 1)
+    assert torch.equal(e.echoed[:bs], lifted & ~sp.after[:bs])  # the columns the echo's record scores
+    assert (ref_reach > 0).any()
     assert torch.equal(h.tokens, before[0]) and torch.equal(h.lens, before[1])  # the history is unchanged
     if margin == 0.0:  # the inputs are built so that both outcomes occur
         assert spliced.any() and not spliced.all()
@@ -152,12 +168,16 @@ def test_splice_allocates_nothing_outside_the_kernels():
     survival[:, :GAMMA] = model_surv
     price = torch.tensor([0.05])
     choice, vlen = torch.zeros(3, dtype=torch.int32), torch.full((3,), 6, dtype=torch.int32)
+    committed = model.clone()
+    echo = ModelEcho(4, GAMMA, WIDTH, "cpu")
     sp = ModelSplice(4, GAMMA, WIDTH, splice_points(GAMMA, 4), CFG, 0.2, "cpu")
     h.reserve_after(GAMMA)
 
     def one_step():  # under the host-sync guard, as the step runs it (the CPU-only argument checks are off)
         with sync_guard(True):
-            sp.splice(h, slots, calib, tokens, survival, model_surv, price)
+            echo.start(3)
+            sp.splice(h, slots, calib, tokens, survival, model_surv, price, echo=echo)
+            echo.score(committed, vlen)
             sp.for_record(choice, vlen)
 
     one_step()  # warm-up: the per-batch-size views are made once

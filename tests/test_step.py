@@ -358,6 +358,69 @@ def test_model_splice_continues_the_model_chain_from_where_the_history_picks_it_
     assert step.history.lens[3] == len(copy) + 2 + 9
 
 
+def test_model_echo_lifts_the_model_prefix_the_history_holds_and_learns_from_the_outcome():
+    """Option ``model_echo`` (calibration/echo.py): the model chain copies a phrase the history holds, at an unsure
+    0.5 per token, so every splice lookup matches (reach 3; the tail is off here). Once the traffic's record says
+    echoes are right (R = 17.3), DSpark's planner and the selection see the lifted prefix; the record then scores
+    the three echoed tokens. With ``model_echo`` off the planner reads the drafter's own confidences."""
+    copy = list(range(10, 30))
+    slots = torch.tensor([3])
+    model = torch.tensor([copy[:GAMMA]], dtype=torch.int32)
+    conf = torch.full((1, GAMMA), 0.5)
+    wide = torch.cat([conf, torch.full((1, 6), 0.9)], 1)
+    survs, outs = [], []
+    for echo in (False, True):
+        step = _wide_step(10, model_splices=3, model_echo=echo, model_tail=0)
+        _prefill(step, slots, [copy + [50, 51]])
+        if echo:
+            step.echo.record.copy_(torch.tensor([1.0, 50.0]))
+        prop = step.propose(slots, model, model_confidence=conf)
+        out = torch.zeros(1, 10)
+        step.planner_confidence(prop, wide, out)
+        survs.append(prop.survival[0, :GAMMA].tolist())
+        outs.append(out[0, :GAMMA].tolist())
+    assert step.echo.reach[0] == 3 and step.echo.echoed[0, :GAMMA].tolist() == [True, True, True, False]
+    assert outs[0] == conf[0].tolist()
+    r = (50.0 + step.cfg.online_strength) / (1.0 + step.cfg.online_strength)  # R = (O + s) / (E + s)
+    assert all(x == pytest.approx(r * 0.5 / (1 + 0.5 * (r - 1)), rel=1e-5) for x in outs[1][:3])
+    assert outs[1][3] == pytest.approx(0.5, rel=1e-5)
+    assert all(a > 1.8 * b for a, b in zip(survs[1][:3], survs[0][:3]))  # the selection prices it so too
+    before = step.echo.record.clone()
+    committed = torch.tensor([copy[:GAMMA] + [7]], dtype=torch.int32)
+    step.record(slots, prop, committed, torch.tensor([GAMMA + 1], dtype=torch.int32))
+    decay = float(step.echo._decay_by_bs[1])
+    # the three echoed tokens accepted at p = 0.5: O += 1.5, E += 0
+    torch.testing.assert_close(step.echo.record, before * decay + torch.tensor([0.0, 1.5]))
+    rec = step.echo.record.tolist()
+    st = step.cfg.online_strength
+    assert step.metrics()["model_echo_ratio"] == pytest.approx((rec[1] + st) / (rec[0] + st), rel=1e-6)
+
+
+def test_model_echo_reads_the_tails_lookup_without_splices():
+    """Splices off (the default): the tail's lookup after the whole model chain is the echo's only lookup. A model
+    chain that copies the history is echoed whole (reach gamma) and all its tokens are lifted; one that does not
+    is left as the drafter said. No lookup is added: the tail runs its own anyway."""
+    copy = list(range(10, 30))
+    slots = torch.tensor([1, 2])
+    model = torch.tensor([copy[:GAMMA], [90, 91, 92, 93]], dtype=torch.int32)
+    conf = torch.full((2, GAMMA), 0.5)
+    step = _wide_step(10)
+    assert step.splice is None and step.tail is not None and step.echo is not None
+    _prefill(step, slots, [copy + [50, 51], copy + [50, 51]])
+    step.echo.record.copy_(torch.tensor([1.0, 50.0]))
+    prop = step.propose(slots, model, model_confidence=conf)
+    assert step.echo.reach[:2].tolist() == [GAMMA, 0]
+    out = torch.zeros(2, 10)
+    step.planner_confidence(prop, torch.cat([conf, torch.full((2, 6), 0.9)], 1), out)
+    r = (50.0 + step.cfg.online_strength) / (1.0 + step.cfg.online_strength)
+    assert out[0, :GAMMA].tolist() == pytest.approx([r * 0.5 / (1 + 0.5 * (r - 1))] * GAMMA, rel=1e-5)
+    assert out[1, :GAMMA].tolist() == conf[1].tolist()
+    assert step.metrics()["model_echo_ratio"] == 1.0  # nothing scored yet
+    assert _wide_step(10, model_echo=False).echo is None and _wide_step(10, model_echo=False).metrics()[
+        "model_echo_ratio"] == 0.0
+    assert _wide_step(10, model_tail=0).echo is None  # no lookup after the model chain: nothing to echo
+
+
 def test_prefill_hook_rebuilds_a_retracted_requests_history_from_prompt_and_output():
     """SGLang re-prefills a retracted request with its prompt plus the output it had produced (``Req.output_ids``
     kept); the workers' prefill hook must start the history row from both, then the new sampled token, keeping the

@@ -14,7 +14,9 @@ with the largest surplus ``sum_j max(0, s_j - price)`` at the last step's price 
 tail extended it) unless a splice with a non-empty draft beats it by more than ``margin`` expected tokens. The
 margin stands for what the estimates cannot see: the splice with the largest estimate among several is the one
 most likely over-estimated. The selection then chooses between the kept chain and the n-gram chain as before.
-After verify, ``for_record`` keeps a spliced chain out of the model chain's own records.
+After verify, ``for_record`` keeps a spliced chain out of the model chain's own records. With the step's echo
+(``echo.py``), a lookup that matches also says the model's first ``k`` tokens echo the history: the model chain's
+and the splices' prefixes are priced lifted before the choice.
 
 ``HybridStep`` (option ``model_splices``, off by default) and the simulator's ``HybridPolicy``
 (``--model-splices``) build it with ``make_step_splice``.
@@ -26,10 +28,12 @@ the device and never branches on device data.
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Optional
 
 import torch
 
 from ..ngram.config import NgramConfig, NgramDraft
+from .echo import ModelEcho
 
 __all__ = ["ModelSplice", "make_step_splice", "splice_points"]
 
@@ -75,8 +79,7 @@ class ModelSplice:
         self._choice = torch.zeros(max_bs, **i32)
         self._vlen = torch.zeros(max_bs, **i32)
         self._kept = torch.zeros(max_bs, **i32)
-        self._has = torch.zeros(max_bs, dtype=torch.bool, device=dev)
-        self._ctok, self._csv = torch.zeros(max_bs, width, **i32), torch.zeros(max_bs, width, **f32)
+        self._csv = torch.zeros(max_bs, width, **f32)
         self._ccond = torch.zeros(max_bs, width, **f32)
         self._best, self._cand = torch.zeros(max_bs, **f32), torch.zeros(max_bs, **f32)
         self._take = torch.zeros(max_bs, dtype=torch.bool, device=dev)
@@ -84,6 +87,12 @@ class ModelSplice:
         self._no_model = torch.full((max_bs, 1), -1, **i32)  # "disagree" for a table's agree feature
         self._k = {k: torch.full((max_bs,), k, **i32) for k in self.points}  # run_after's append counts
         self._margin = torch.tensor(self.margin, **f32)
+        # Each point's candidate (the lookups run first: the echo's reach needs all of them before any choice).
+        npt = len(self.points)
+        self._ptok = torch.zeros(npt, max_bs, width, **i32)
+        self._ps, self._pq = torch.zeros(npt, max_bs, d, **f32), torch.zeros(npt, max_bs, d, **f32)
+        self._phas = torch.zeros(npt, max_bs, dtype=torch.bool, device=dev)
+        self._msv = torch.zeros(max_bs, gamma, **f32)  # the drafter's own survivals (without the echo)
         self._view_cache: dict[int, SimpleNamespace] = {}
 
     def _views(self, bs: int) -> SimpleNamespace:
@@ -94,11 +103,13 @@ class ModelSplice:
                 draft=NgramDraft(d.tokens[:bs], d.length[:bs], d.match_len[:bs], d.match_count[:bs],
                                  d.in_prompt[:bs]),
                 q=self._q[:bs], s=self._s[:bs], tok=self.tokens[:bs], sv=self.survival[:bs], cond=self.cond[:bs],
-                point=self.point[:bs], ctok=self._ctok[:bs], csv=self._csv[:bs], ccond=self._ccond[:bs],
+                point=self.point[:bs], csv=self._csv[:bs], ccond=self._ccond[:bs],
                 best=self._best[:bs], cand=self._cand[:bs], take=self._take[:bs], gap=self._gap[:bs],
                 after=self.after[:bs], spliced=self._spliced[:bs], choice=self._choice[:bs], vlen=self._vlen[:bs],
-                kept=self._kept[:bs], has=self._has[:bs],
-                no_model=self._no_model[:bs], k={k: t[:bs] for k, t in self._k.items()})
+                kept=self._kept[:bs],
+                no_model=self._no_model[:bs], k={k: t[:bs] for k, t in self._k.items()},
+                ptok=self._ptok[:, :bs], ps=self._ps[:, :bs], pq=self._pq[:, :bs], phas=self._phas[:, :bs],
+                msv=self._msv[:bs])
             self._view_cache[bs] = v
         return v
 
@@ -108,7 +119,8 @@ class ModelSplice:
         torch.sum(gap, 1, out=out)
 
     def splice(self, history, slots: torch.Tensor, calibration, tokens: torch.Tensor, survival: torch.Tensor,
-               model_surv: torch.Tensor, price: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+               model_surv: torch.Tensor, price: torch.Tensor, echo: Optional[ModelEcho] = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept chains ``(tokens, survival) [bs, width]`` (views of this object's buffers).
 
         ``tokens`` / ``survival [bs, width]``: the model chain as the selection would see it (its first ``gamma``
@@ -116,34 +128,46 @@ class ModelSplice:
         the drafter's own prefix survivals (the cumulative product of its confidences), which price a splice's
         first ``k`` tokens; ``price [1]``: the last step's price per verified token; ``calibration``: a
         ``DeviceCalibration``. ``self.point`` says which rows were spliced and where. A splice needs a draft of
-        at least one token."""
+        at least one token. ``echo``: the step's ``ModelEcho`` (``echo.py``), started for this step: each lookup
+        that matches extends its reach, and both the model chain and the splices' prefixes are priced lifted."""
         bs, w = tokens.shape
         if w != self.width:
             raise ValueError(f"ModelSplice: tokens has {w} columns, the splice width is {self.width}")
         v = self._views(bs)
-        v.tok.copy_(tokens)
-        v.sv.copy_(survival)
         v.cond.zero_()
         v.point.zero_()
-        self._surplus(v.sv, price, v.gap, v.best)
-        v.best.add_(self._margin)
         model = tokens[:, : self.gamma]
-        for k in self.points:
+        for i, k in enumerate(self.points):  # every lookup first: the echo's reach is needed before any choice
             draft = history.run_after(slots, model, lambda: history.lookup(slots, self.cfg, v.draft), counts=v.k[k])
             calibration.apply(draft, v.no_model, v.q, v.s)  # q and survival 0 past the draft's length
             n = w - k
-            v.ctok[:, :k].copy_(tokens[:, :k])
-            v.ctok[:, k:].copy_(draft.tokens[:, :n])
-            v.csv[:, :k].copy_(model_surv[:, :k])
-            torch.mul(v.s[:, :n], model_surv[:, k - 1 : k], out=v.csv[:, k:])
+            v.ptok[i, :, :k].copy_(tokens[:, :k])
+            v.ptok[i, :, k:].copy_(draft.tokens[:, :n])
+            v.ps[i].copy_(v.s)
+            v.pq[i].copy_(v.q)
+            torch.gt(draft.length, self._zero, out=v.phas[i])
+            if echo is not None:
+                echo.note(v.phas[i], v.k[k])
+        if echo is not None:  # the prefixes the history echoes, lifted on the model chain and in the splices
+            v.sv.copy_(echo.lift_model(survival))
+            v.msv.copy_(echo.lift_raw(model_surv[:, : self.gamma]))
+        else:
+            v.sv.copy_(survival)
+            v.msv.copy_(model_surv[:, : self.gamma])
+        v.tok.copy_(tokens)
+        self._surplus(v.sv, price, v.gap, v.best)
+        v.best.add_(self._margin)
+        for i, k in enumerate(self.points):
+            n = w - k
+            v.csv[:, :k].copy_(v.msv[:, :k])
+            torch.mul(v.ps[i, :, :n], v.msv[:, k - 1 : k], out=v.csv[:, k:])
             v.ccond[:, :k].zero_()
-            v.ccond[:, k:].copy_(v.q[:, :n])
+            v.ccond[:, k:].copy_(v.pq[i, :, :n])
             self._surplus(v.csv, price, v.gap, v.cand)
             torch.gt(v.cand, v.best, out=v.take)
-            torch.gt(draft.length, self._zero, out=v.has)
-            v.take.logical_and_(v.has)
+            v.take.logical_and_(v.phas[i])
             take = v.take.view(-1, 1)
-            torch.where(take, v.ctok, v.tok, out=v.tok)
+            torch.where(take, v.ptok[i], v.tok, out=v.tok)
             torch.where(take, v.csv, v.sv, out=v.sv)
             torch.where(take, v.ccond, v.cond, out=v.cond)
             torch.where(v.take, v.cand, v.best, out=v.best)
@@ -151,6 +175,8 @@ class ModelSplice:
         torch.ge(self._cols, v.point.view(-1, 1), out=v.after)
         torch.gt(v.point, self._zero, out=v.spliced)
         v.after.logical_and_(v.spliced.view(-1, 1))
+        if echo is not None:  # what its record scores and the planner reads: the kept chain's lifted columns
+            echo.finish(v.tok, v.sv, v.after, v.spliced)
         return v.tok, v.sv
 
     def for_record(self, choice: torch.Tensor, verify_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

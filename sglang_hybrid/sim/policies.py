@@ -28,6 +28,7 @@ from ..calibration.agreement import ModelAgreement
 from ..calibration.candidates import make_step_corpus
 from ..calibration.deferred import DEFAULT_DEPTH
 from ..calibration.online import DEFAULT_STRENGTH, OnlineCalibration
+from ..calibration.echo import make_step_echo
 from ..calibration.splice import make_step_splice
 from ..calibration.tail import make_step_corpus_tail, make_step_tail
 from ..ngram import NgramConfig, TokenHistory
@@ -160,7 +161,7 @@ class HybridPolicy:
                  two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
                  corpus_calibration="default", model_tail: int = 0, model_agreement: bool = True,
                  corpus_tail: bool = True, fairness: float = 0.0, fairness_scope: str = "request",
-                 model_splices: int = 0, splice_margin: float = 0.2) -> None:
+                 model_splices: int = 0, splice_margin: float = 0.2, model_echo: bool = True) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -203,6 +204,11 @@ class HybridPolicy:
         self.splice = make_step_splice(model_splices if enable_ngram else 0, splice_margin,
                                        width=gamma + (self.tail.tail if self.tail is not None else 0), gamma=gamma,
                                        lookup_cfg=self.cfg, max_bs=max_bs, device="cpu")
+        # The history's echo of the model chain (calibration/echo.py), as HybridStep builds it.
+        self.echo = make_step_echo(model_echo and enable_ngram, tail=self.tail is not None,
+                                   splices=self.splice is not None, max_bs=max_bs, gamma=gamma,
+                                   width=gamma + (self.tail.tail if self.tail is not None else 0), device="cpu",
+                                   strength=online_strength)
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py), as HybridStep.
         self.agreement = ModelAgreement(max_bs, max_draft, gamma, "cpu", strength=online_strength) \
             if model_agreement and enable_ngram else None
@@ -232,6 +238,8 @@ class HybridPolicy:
             self.online.update(inp.slots, committed, counts)
         if self.agreement is not None:
             self.agreement.update(committed, counts)
+        if self.echo is not None:  # the echo's record (calibration/echo.py)
+            self.echo.score(committed, counts)
         if self.tail is not None:
             choice = out.ngram_chosen.to(torch.int32)
             if self.splice is not None:  # a spliced chain is neither the model chain's tail nor the n-gram chain
@@ -288,8 +296,14 @@ class HybridPolicy:
             mtok, model_surv = self.tail.draft_and_extend(history, inp.slots, self.calib, mtok, model_surv,
                                                           corpus=self.ctail)
         out = self.sel.view(bs)
+        if self.echo is not None:  # the model tokens the history echoes (the tail's lookup, then the splices')
+            self.echo.start(bs, self.tail.draft_buffers(bs).length if self.tail is not None else None)
+            if self.splice is None:
+                model_surv = self.echo.lift_model(model_surv)
+                self.echo.finish(mtok, model_surv)
         if self.splice is not None:  # the model chain or a splice of it, at the last step's price (out.price)
-            mtok, model_surv = self.splice.splice(history, inp.slots, self.calib, mtok, model_surv, raw_surv, out.price)
+            mtok, model_surv = self.splice.splice(history, inp.slots, self.calib, mtok, model_surv, raw_surv, out.price,
+                                                  echo=self.echo)
         if self.fair is not None:  # as HybridStep.propose: both chains of a request weighted alike
             fw = self.fair.weights(inp.slots, inp.tenant).view(-1, 1)
             sel_m, sel_n = model_surv * fw, surv * fw  # the selection's inputs; the figures keep the estimates

@@ -63,6 +63,7 @@ class SimOptions:
     # at most this many tokens, capped by the chain width minus gamma; 0 = off
     model_splices: int = HybridConfig.model_splices  # hybrid: splice points before the model chain's end (splice.py)
     splice_margin: float = HybridConfig.splice_margin  # hybrid: expected tokens a splice must add over the model chain
+    model_echo: bool = HybridConfig.model_echo  # hybrid: the model tokens the history echoes are lifted (echo.py)
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
     calibration: Optional[str] = None  # None = the shipped table
     sps_table: Optional[str] = None  # None = the shipped roofline table
@@ -230,7 +231,7 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None, hy
                    corpus_calibration=opts.corpus_calibration, model_tail=opts.model_tail,
                    model_agreement=opts.model_agreement, corpus_tail=opts.corpus_tail, fairness=opts.fairness,
                    fairness_scope=opts.fairness_scope, model_splices=opts.model_splices,
-                   splice_margin=opts.splice_margin)
+                   splice_margin=opts.splice_margin, model_echo=opts.model_echo)
     if name == ORACLE and opts.oracle:
         from .oracle import OraclePolicy
 
