@@ -373,8 +373,10 @@ class HybridStep:
 
         ``model_confidence [bs, G]``: the drafter's own confidences (G >= gamma columns; columns past gamma are
         not the model chain: they read as the n-gram tail's calibrated per-token acceptance, 0 past the tail or
-        with the tail off). A request on the model chain keeps its first gamma unchanged, so with the n-gram
-        drafter off the planner sees exactly what it would without Hybrid Spark; a request on the n-gram chain
+        with the tail off). A request on the model chain keeps its first gamma unchanged, except the tokens the
+        history echoes (``model_echo``, calibration/echo.py), which read as the selection priced them, lifted, and
+        a spliced chain's tokens past its splice point; so with the n-gram drafter off (no echo, no splices) the
+        planner sees exactly what it would without Hybrid Spark; a request on the n-gram chain
         gets its calibrated per-token acceptance ``q_j`` up to the chain's length, 0 past it. Writes ``out
         [bs, G]`` (a preallocated buffer) and returns it. The planner's budget and top-K allocation then run
         unchanged over the chosen chains. With ``fairness`` on, column 0 is multiplied by each request's weight

@@ -10,7 +10,8 @@ Where it hooks in (every attribute is declared in ``hooks.py``):
   n-gram lookup, the calibration and the price-based selection (``HybridStep.propose``, SPS mode with the SPS
   table SGLang's DSPARK uses), and returns a proposal whose tokens are each request's chosen chain and whose
   confidences are that chain's (``HybridStep.planner_confidence``): a request on the model chain keeps DSpark's
-  own confidences, a request on the n-gram chain carries its calibrated per-token acceptance. DSpark's planner
+  own confidences (lifted on the tokens the history echoes, ``calibration/echo.py``), a request on the n-gram
+  chain carries its calibrated per-token acceptance. DSpark's planner
   then sets the batch budget and every request's verify length, unchanged, and its ragged verify (``compact``:
   only ``sum(verify_lens)`` rows reach the target) checks each chain at its own length. The proposal's folded
   verify ids are dropped (``verify_ids=None``, ``folded=False``), so the verify ids are rebuilt from the merged
