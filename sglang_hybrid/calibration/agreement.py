@@ -51,7 +51,7 @@ import torch
 from ..backend import resolve_backend
 from .online import DEFAULT_GLOBAL_DECAY, DEFAULT_STRENGTH
 
-__all__ = ["ModelAgreement", "agreement_ref", "conditional", "share_ref", "update_ref"]
+__all__ = ["ModelAgreement", "agreement_ref", "conditional", "share_ref", "tried_evidence", "update_ref"]
 
 
 def conditional(surv: torch.Tensor, prev: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -61,6 +61,39 @@ def conditional(surv: torch.Tensor, prev: torch.Tensor, out: torch.Tensor) -> to
     prev[:, 1:].copy_(surv[:, :-1])
     torch.div(surv, prev.clamp_(min=1e-12), out=out)
     return out.clamp_(0.0, 1.0)
+
+
+def tried_evidence(tok: torch.Tensor, p: torch.Tensor, mask: torch.Tensor, committed: torch.Tensor,
+                   counts: torch.Tensor, ev: torch.Tensor, v: SimpleNamespace, col: torch.Tensor,
+                   one: torch.Tensor) -> None:
+    """Per-token evidence of a traffic-level odds record into ``ev [2, bs, cols]``: ``p (1 - y)`` and ``(1 - p) y``
+    on the tokens of ``tok [bs, cols]`` where ``mask`` that the target tried (``committed[b, :counts[b]]`` reaches
+    them and every token before matched; ``y`` = 1 if the token matched), 0 elsewhere. The agreement's shared
+    tokens and the echo's lifted ones (``echo.py``) are scored by it. ``v``: ``[bs, cols]`` scratch views (``cmt``,
+    ``eqi`` int32; ``eq``, ``inn``, ``first`` bool; ``up``, ``c`` float32; ``pref`` / ``prev``: columns 1.. / ..-1
+    of one int32 ``[bs, cols + 1]`` buffer whose column 0 is 1); ``col [1, cols]``: 0..cols-1; ``one``: 1.0."""
+    g = p.shape[1]
+    k = min(g, committed.shape[1])
+    if k < g:  # host-known shape
+        v.cmt[:, k:].fill_(-1)
+    v.cmt[:, :k].copy_(committed[:, :k])  # copy_ converts the dtype in place
+    torch.eq(tok, v.cmt, out=v.eq)
+    torch.lt(col, counts.view(-1, 1), out=v.inn)
+    v.eq.logical_and_(v.inn)  # y_j
+    v.eqi.copy_(v.eq)  # a bool cumprod would cast into a new tensor
+    torch.cumprod(v.eqi, 1, out=v.pref)  # prev[:, j] = 1 iff tokens 0..j-1 all matched
+    v.first.copy_(v.prev)
+    v.first.logical_and_(v.inn)
+    v.first.logical_and_(mask)  # tried tokens of the mask
+    e, o = ev[0], ev[1]
+    v.up.copy_(v.eq)  # y as float
+    torch.sub(one, v.up, out=e)
+    e.mul_(p)
+    torch.sub(one, p, out=o)
+    o.mul_(v.up)
+    v.c.copy_(v.first)  # as float (a bool operand would be cast into a new tensor)
+    e.mul_(v.c)
+    o.mul_(v.c)
 
 
 def agreement_ref(tokens: torch.Tensor, length: torch.Tensor, q: torch.Tensor, model_tokens: torch.Tensor,
@@ -349,28 +382,5 @@ class ModelAgreement:
     def _update_elems_torch(self, tok: torch.Tensor, p: torch.Tensor, shared: torch.Tensor, committed: torch.Tensor,
                             counts: torch.Tensor, ev: torch.Tensor) -> None:
         """``update``'s per-token evidence into ``ev [2, bs, cols]`` (the torch reference of
-        ``agreement_update_triton``): ``p (1 - y)`` and ``(1 - p) y`` on the shared tokens the target tried
-        (``shared`` and every token before matched ``committed[b, :counts[b]]``), 0 elsewhere."""
-        bs, g = p.shape
-        k = min(g, committed.shape[1])
-        v = self._rows(bs)
-        if k < g:  # host-known shape
-            v.cmt[:, k:].fill_(-1)
-        v.cmt[:, :k].copy_(committed[:, :k])  # copy_ converts the dtype in place
-        torch.eq(tok, v.cmt, out=v.eq)
-        torch.lt(self._col, counts.view(-1, 1), out=v.inn)
-        v.eq.logical_and_(v.inn)  # y_j
-        v.eqi.copy_(v.eq)
-        torch.cumprod(v.eqi, 1, out=v.pref)  # prev[:, j] = 1 iff tokens 0..j-1 all matched
-        v.first.copy_(v.prev)
-        v.first.logical_and_(v.inn)
-        v.first.logical_and_(shared)  # tried shared tokens
-        e, o = ev[0], ev[1]
-        v.up.copy_(v.eq)  # y as float
-        torch.sub(self._one, v.up, out=e)
-        e.mul_(p)
-        torch.sub(self._one, p, out=o)
-        o.mul_(v.up)
-        v.c.copy_(v.first)
-        e.mul_(v.c)
-        o.mul_(v.c)
+        ``agreement_update_triton``): ``tried_evidence`` on the shared tokens."""
+        tried_evidence(tok, p, shared, committed, counts, ev, self._rows(p.shape[0]), self._col, self._one)

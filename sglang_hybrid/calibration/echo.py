@@ -1,13 +1,13 @@
 """The history's echo of the model chain: its first tokens priced by what the request's own text says of them.
 
-A splice lookup (``splice.py``) on ``history ++ model[:k]`` that finds a match says that the model chain's first
-``k`` tokens end in an n-gram the request has already read or written. A wrong draft token rarely does: the
-echo is evidence that the prefix is right. The echo's *reach* is, per request, the largest splice point whose
-lookup matched (0: none). Before the reach, the chain's conditionals become ``c' = c R / (1 + c (R - 1))``
+A lookup on ``history ++ model[:k]`` that finds a match (the n-gram tail's, ``k = gamma``, ``tail.py``; each
+splice point's, ``splice.py``) says that the model chain's first ``k`` tokens end in an n-gram the request has
+already read or written. A wrong draft token rarely does: the echo is evidence that the prefix is right. The
+echo's *reach* is, per request, the largest ``k`` whose lookup matched (0: none). Before the reach, the chain's conditionals become ``c' = c R / (1 + c (R - 1))``
 (odds times ``R``; the survivals after the reach are rescaled, their conditionals kept), where ``R = (O + s) /
 (E + s)`` is what an echo has been worth on this traffic: ``E`` sums ``c (1 - y)`` and ``O`` sums ``(1 - c) y``
 over the echoed tokens the target tried (``y`` = 1 if accepted; tried = the committed row reaches the token and
-every token before it matched), decayed per request-step as the online calibration's traffic level
+every token before it matched; ``agreement.tried_evidence``), decayed per request-step as the online calibration's traffic level
 (``online.py``), ``s`` its prior strength. The same estimator as the agreement's shared tokens
 (``agreement.py``). With no evidence ``R`` is 1 and every survival is unchanged bit for bit; where a drafter's
 wrong tokens echo the history as often as its right ones (a drafter that copies the wrong passage), ``R`` stays
@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from .agreement import conditional
+from .agreement import conditional, tried_evidence
 from .online import DEFAULT_GLOBAL_DECAY, DEFAULT_STRENGTH
 
 # The lift's running factor is capped: it exceeds 1 / S only where S has underflowed or is 0, and 0 * inf is NaN.
@@ -102,25 +102,29 @@ class PrefixEcho:
         self._prev = torch.zeros(max_bs, width, **f32)
         self._lift = torch.zeros(max_bs, width, **f32)
         self._mask = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
+        # update's scratch (agreement.tried_evidence)
         self._cmt = torch.zeros(max_bs, width, dtype=torch.int32, device=dev)
         self._eq = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
+        self._inn = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
         self._eqi = torch.zeros(max_bs, width, dtype=torch.int32, device=dev)
         self._pref = torch.zeros(max_bs, width + 1, dtype=torch.int32, device=dev)  # column 0: 1
         self._pref[:, 0] = 1
-        self._before = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
-        self._tried = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
-        self._y = torch.zeros(max_bs, width, **f32)
+        self._first = torch.zeros(max_bs, width, dtype=torch.bool, device=dev)
+        self._up = torch.zeros(max_bs, width, **f32)
+        self._c = torch.zeros(max_bs, width, **f32)
         self._ev = torch.zeros(2, max_bs, width, **f32)
         self._views: dict[tuple[int, int], SimpleNamespace] = {}
 
     def _rows(self, bs: int, w: int) -> SimpleNamespace:
         v = self._views.get((bs, w))
         if v is None:
-            v = SimpleNamespace(prev=self._prev[:bs, :w], lift=self._lift[:bs, :w], mask=self._mask[:bs, :w],
-                                cols=self._cols[:, :w], cmt=self._cmt[:bs, :w], eq=self._eq[:bs, :w],
-                                eqi=self._eqi[:bs, :w], pref=self._pref[:bs, 1 : w + 1], prev_ok=self._pref[:bs, :w],
-                                before=self._before[:bs, :w], tried=self._tried[:bs, :w],
-                                y=self._y[:bs, :w], ev=self._ev[:, :bs, :w])
+            v = SimpleNamespace(surv_prev=self._prev[:bs, :w], lift=self._lift[:bs, :w], mask=self._mask[:bs, :w],
+                                cols=self._cols[:, :w], ev=self._ev[:, :bs, :w],
+                                scratch=SimpleNamespace(cmt=self._cmt[:bs, :w], eq=self._eq[:bs, :w],
+                                                        inn=self._inn[:bs, :w], eqi=self._eqi[:bs, :w],
+                                                        pref=self._pref[:bs, 1 : w + 1], prev=self._pref[:bs, :w],
+                                                        first=self._first[:bs, :w], up=self._up[:bs, :w],
+                                                        c=self._c[:bs, :w]))
             self._views[(bs, w)] = v
         return v
 
@@ -138,7 +142,7 @@ class PrefixEcho:
         if w > self.width:
             raise ValueError(f"PrefixEcho: {w} columns, built for {self.width}")
         v = self._rows(bs, w)
-        conditional(survival, v.prev, cond)
+        conditional(survival, v.surv_prev, cond)
         r = self.ratio()
         torch.sub(r, self._one, out=self._rm1)
         torch.mul(cond, self._rm1, out=v.lift)  # l = R / (1 + c (R - 1)): c' / c, and R where c is 0
@@ -146,9 +150,9 @@ class PrefixEcho:
         torch.div(r, v.lift, out=v.lift)
         torch.lt(v.cols, reach.view(-1, 1), out=v.mask)
         v.lift.masked_fill_(v.mask.logical_not_(), 1.0)
-        torch.cumprod(v.lift, 1, out=v.prev)
-        v.prev.clamp_(max=_MAX_FACTOR)  # past a zero (or underflowed) survival the product may overflow: 0 * inf
-        torch.mul(survival, v.prev, out=out)
+        torch.cumprod(v.lift, 1, out=v.surv_prev)
+        v.surv_prev.clamp_(max=_MAX_FACTOR)  # past a zero (or underflowed) survival the product may overflow: 0 * inf
+        torch.mul(survival, v.surv_prev, out=out)
         return out.clamp_(max=1.0)
 
     def update(self, tokens: torch.Tensor, scored: torch.Tensor, p: torch.Tensor, committed: torch.Tensor,
@@ -158,27 +162,7 @@ class PrefixEcho:
         matched), after decaying the record by one step of ``bs`` request-steps."""
         bs, w = tokens.shape
         v = self._rows(bs, w)
-        k = min(w, committed.shape[1])
-        if k < w:  # host-known shape
-            v.cmt[:, k:].fill_(-1)
-        v.cmt[:, :k].copy_(committed[:, :k])
-        torch.eq(tokens, v.cmt, out=v.eq)
-        torch.lt(v.cols, counts.view(-1, 1), out=v.tried)
-        v.eq.logical_and_(v.tried)  # y_j
-        v.eqi.copy_(v.eq)  # a bool cumprod would cast into a new tensor
-        torch.cumprod(v.eqi, 1, out=v.pref)  # pref[:, j]: tokens 0..j all matched; prev_ok[:, j]: 0..j-1
-        v.before.copy_(v.prev_ok)
-        v.tried.logical_and_(v.before)
-        v.tried.logical_and_(scored)
-        v.y.copy_(v.eq)
-        e, o = v.ev[0], v.ev[1]
-        torch.sub(self._one, v.y, out=e)
-        e.mul_(p)
-        torch.sub(self._one, p, out=o)
-        o.mul_(v.y)
-        v.y.copy_(v.tried)  # as float (a bool operand would be cast into a new tensor)
-        e.mul_(v.y)
-        o.mul_(v.y)
+        tried_evidence(tokens, p, scored, committed, counts, v.ev, v.scratch, v.cols, self._one)
         torch.sum(v.ev, (1, 2), out=self._sum)
         self.record.mul_(self._decay_by_bs[bs])
         self.record.add_(self._sum)
