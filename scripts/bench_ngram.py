@@ -10,6 +10,8 @@ Histories are random tokens (``--vocab``) whose last 12 tokens repeat a span fro
 every request drafts and the whole row is scanned (window 0). The table width equals the history length.
 "tail lookup" is the n-gram tail's lookup after a 7-token model chain (``TokenHistory.lookup_after``: the
 stash, the append, the same lookup kernel, the restore), which a step with the tail on runs beside the lookup.
+"probe x4" is the echo's probe after the same chain at its four default points (``TokenHistory.probe_after``:
+one kernel for every point; ``calibration/echo.py``).
 
 Example (CPU subset)::
 
@@ -90,9 +92,10 @@ def _make_table(bs: int, hist: int, device: torch.device, backend: str, vocab: i
 
 
 def bench_cell(bs: int, hist: int, device: torch.device, backend: str,
-               args: argparse.Namespace) -> tuple[float, float, float]:
-    """``(lookup_us, append_us, tail_us)`` for one configuration; ``tail_us`` is the n-gram tail's lookup after a
-    ``TAIL_AFTER``-token model chain (``lookup_after``: append, lookup, restore)."""
+               args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """``(lookup_us, append_us, tail_us, probe_us)`` for one configuration; ``tail_us`` is the n-gram tail's lookup
+    after a ``TAIL_AFTER``-token model chain (``lookup_after``: append, lookup, restore), ``probe_us`` the echo's
+    probe after it at ``k = 3 .. 6`` (``probe_after``, one kernel)."""
     h = _make_table(bs, hist, device, backend, args.vocab, seed=bs * 7919 + hist)
     slots = torch.arange(bs, dtype=torch.int32, device=device)
     cfg = NgramConfig()
@@ -108,7 +111,11 @@ def bench_cell(bs: int, hist: int, device: torch.device, backend: str,
     h.reserve_after(TAIL_AFTER)
     tail_us = _time_us(lambda: h.lookup_after(slots, tail_cfg, extra), device, args.repeats, args.warmup,
                        args.cuda_graph)
-    return lookup_us, append_us, tail_us
+    pts = torch.arange(TAIL_AFTER - 4, TAIL_AFTER, dtype=torch.int32, device=device)
+    matched = torch.zeros(bs, pts.shape[0], dtype=torch.int32, device=device)
+    probe_us = _time_us(lambda: h.probe_after(slots, extra, pts, matched, cfg.n_min, cfg.window), device,
+                        args.repeats, args.warmup, args.cuda_graph)
+    return lookup_us, append_us, tail_us, probe_us
 
 
 def bench_corpus_cell(bs: int, hist: int, device: torch.device, backend: str,
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"n-gram drafter, device {name}, torch {torch.__version__}, n_min=2 n_max=8 max_draft=16 window=0, "
               f"append K={APPEND_K}; median of {args.repeats} (us){graph}")
     print()
-    ops = ("lookup", "insert", "tail lookup") if args.corpus else ("lookup", "append", "tail lookup")
+    ops = ("lookup", "insert", "tail lookup") if args.corpus else ("lookup", "append", "tail lookup", "probe x4")
     cell = bench_corpus_cell if args.corpus else bench_cell
     cols = [f"{op} {b}" for op in ops for b in backends]
     print("| bs | history | " + " | ".join(f"{c} (us)" for c in cols) + " |")

@@ -20,7 +20,7 @@ import torch
 from ..hostsync import host_reads_allowed
 from ..backend import BACKENDS, resolve_backend
 from . import reference
-from .config import NgramConfig, NgramDraft
+from .config import N_MAX_LIMIT, NgramConfig, NgramDraft
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _ops(backend: str) -> tuple[Callable[..., None], ...]:
-    """``(write_prompt, append, reset, lookup, stash, restore)`` of a backend."""
+    """``(write_prompt, append, reset, lookup, stash, restore, probe)`` of a backend."""
     if backend == "triton":
         from . import kernels
 
@@ -43,6 +43,7 @@ def _ops(backend: str) -> tuple[Callable[..., None], ...]:
             kernels.ngram_lookup_triton,
             kernels.history_stash_triton,
             kernels.history_restore_triton,
+            kernels.ngram_probe_triton,
         )
     return (
         reference.history_write_prompt_ref,
@@ -51,6 +52,7 @@ def _ops(backend: str) -> tuple[Callable[..., None], ...]:
         reference.ngram_lookup_ref,
         reference.history_stash_ref,
         reference.history_restore_ref,
+        reference.ngram_probe_ref,
     )
 
 
@@ -107,7 +109,8 @@ class TokenHistory:
             match_count=torch.zeros(max_batch_size, dtype=torch.int32, device=device),
             in_prompt=torch.zeros(max_batch_size, dtype=torch.int32, device=device),
         )
-        self._write_prompt, self._append, self._reset, self._lookup, self._stash, self._restore = _ops(backend)
+        (self._write_prompt, self._append, self._reset, self._lookup, self._stash, self._restore,
+         self._probe) = _ops(backend)
         self._overflow_logged = False
         if max_context_len is not None and max_context_len > width:
             self._log_overflow(
@@ -232,6 +235,22 @@ class TokenHistory:
         self._lookup(
             self.tokens, self.lens, self.prompt_lens, slots, *out.as_tuple(), cfg.n_min, cfg.n_max, cfg.window
         )
+        return out
+
+    def probe_after(self, slots: torch.Tensor, extra: torch.Tensor, points: torch.Tensor, out: torch.Tensor,
+                    n: int, window: int = 0) -> torch.Tensor:
+        """For each ``k`` in ``points [P]`` (int32): whether a lookup on ``history ++ extra[:k]`` with ``n_min = n``
+        would find a match (``reference.py``: "Probe"), into ``out [bs, P]`` (int32, 1 = matched). One launch for
+        all points; the table is not touched, so slots need not be distinct. ``extra [bs, G]`` int32."""
+        bs = self._check_slots(slots, distinct=False)
+        self._check_batch("extra", extra, bs, 2, (torch.int32,))
+        self._check_tensor("points", points, 1, (torch.int32,))
+        self._check_tensor("out", out, 2, (torch.int32,))
+        if tuple(out.shape) != (bs, points.shape[0]):
+            raise ValueError(f"out must have shape {(bs, points.shape[0])}, got {tuple(out.shape)}")
+        if n < 1 or n > N_MAX_LIMIT or window < 0:
+            raise ValueError(f"probe_after: need 1 <= n <= {N_MAX_LIMIT} and window >= 0, got n={n}, window={window}")
+        self._probe(self.tokens, self.lens, slots, extra, points, out, n, window)
         return out
 
     def reserve_after(self, columns: int) -> tuple[torch.Tensor, ...]:

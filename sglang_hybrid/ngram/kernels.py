@@ -27,6 +27,7 @@ __all__ = [
     "history_stash_triton",
     "history_restore_triton",
     "ngram_lookup_triton",
+    "ngram_probe_triton",
     "LOOKUP_BLOCK",
     "LOOKUP_NUM_WARPS",
 ]
@@ -207,6 +208,52 @@ def _lookup_kernel(
     tl.store(out_in_prompt_ptr + b, (has & (best_e + 1 < P)).to(tl.int32))
 
 
+@triton.jit
+def _probe_tok(row, ext_row, stride_ed, pos, T, lo, lo_mod, width, g, mask):
+    """``h'[pos]`` (history ++ extra): the ring below ``T``, the chain from ``T`` on; 0 where masked."""
+    in_ring = pos < T
+    r = tl.load(row + _ring_col(pos, lo, lo_mod, width), mask=mask & in_ring & (pos >= lo), other=0)
+    c = pos - T
+    x = tl.load(ext_row + c.to(tl.int64) * stride_ed, mask=mask & (pos >= T) & (c < g), other=0)
+    return tl.where(in_ring, r, x)
+
+
+@triton.jit
+def _probe_kernel(
+    tokens_ptr, lens_ptr, slots_ptr, extra_ptr, points_ptr, out_ptr,
+    num_slots, width, g, stride_eb, stride_ed, stride_ob, stride_op, window,
+    NPT: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    s = tl.load(slots_ptr + b)
+    ok = (s >= 0) & (s < num_slots)
+    s = tl.where(ok, s, 0).to(tl.int32)
+    T = tl.where(ok, tl.load(lens_ptr + s), 0)
+    row = tokens_ptr + s.to(tl.int64) * width
+    ext_row = extra_ptr + b.to(tl.int64) * stride_eb
+    T_lo = tl.maximum(T - width, 0)
+    T_lo_mod = T_lo % width  # the ring's layout is the history's: positions below T keep their columns
+    offs = tl.arange(0, BLOCK)
+    for p in tl.static_range(NPT):
+        k = tl.minimum(tl.maximum(tl.load(points_ptr + p), 0), g)
+        tp = T + k
+        lo = tl.maximum(tp - width, 0)  # the appended chain pushes the oldest positions out of the ring
+        first = tl.maximum(lo, tp - 1 - window)
+        hit = tl.zeros([BLOCK], dtype=tl.int32)
+        for start in range(first, tp - 1, BLOCK):
+            e = start + offs
+            alive = (e < tp - 1) & ok
+            for j in tl.static_range(N):
+                q = tp - 1 - j
+                pos = e - j
+                alive = alive & (pos >= lo) & (q >= lo)
+                sq = _probe_tok(row, ext_row, stride_ed, q, T, T_lo, T_lo_mod, width, g, q >= lo)
+                tok = _probe_tok(row, ext_row, stride_ed, pos, T, T_lo, T_lo_mod, width, g, alive)
+                alive = alive & (tok == sq)
+            hit = tl.maximum(hit, alive.to(tl.int32))
+        tl.store(out_ptr + b.to(tl.int64) * stride_ob + p * stride_op, tl.max(hit, axis=0))
+
+
 def history_write_prompt_triton(
     tokens: torch.Tensor,
     lens: torch.Tensor,
@@ -327,4 +374,29 @@ def ngram_lookup_triton(
         num_slots, width, out_tokens.stride(0), out_tokens.stride(1), n_min, win,
         N_MAX=n_max, MAX_DRAFT=max_draft, DRAFT_BLOCK=_pow2(max_draft), BLOCK=block,
         num_warps=LOOKUP_NUM_WARPS if block >= 1024 else 4,
+    )
+
+
+def ngram_probe_triton(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    slots: torch.Tensor,
+    extra: torch.Tensor,
+    points: torch.Tensor,
+    out_matched: torch.Tensor,
+    n: int,
+    window: int,
+) -> None:
+    """Triton twin of :func:`reference.ngram_probe_ref`: one program per request scans its window once per point."""
+    num_slots, width = tokens.shape
+    bs, g = extra.shape
+    npt = points.shape[0]
+    if bs == 0 or npt == 0:
+        return
+    win = width if window <= 0 or window > width else window
+    block = _pow2(max(min(win, width - 1 + g), 1), hi=LOOKUP_BLOCK)
+    _probe_kernel[(bs,)](
+        tokens, lens, slots, extra, points, out_matched,
+        num_slots, width, g, extra.stride(0), extra.stride(1), out_matched.stride(0), out_matched.stride(1), win,
+        NPT=npt, N=n, BLOCK=block, num_warps=LOOKUP_NUM_WARPS if block >= 1024 else 4,
     )

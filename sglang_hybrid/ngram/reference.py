@@ -25,6 +25,14 @@ Lookup (prompt lookup / n-gram drafting)
     matched suffix occurred, the chosen occurrence included) and ``in_prompt = (e + 1 < prompt_len)``.
     Draft columns past ``draft_len`` are 0.
 
+Probe (the echo's match test after a chain that is not committed yet)
+    For each point ``k`` of ``points``, the sequence ``h' = history ++ extra[:k]`` (length ``T' = T + k``, oldest
+    valid position ``lo' = max(0, T' - W)``, as if ``extra[:k]`` had been appended to the ring) is tested:
+    ``matched = 1`` where some end ``e`` in ``[max(lo', T' - 1 - window), T' - 2]`` (``window == 0``: the whole
+    valid row) has ``h'[e - j] == h'[T' - 1 - j]`` and ``e - j >= lo'`` for every ``j < n``. That is the lookup's
+    "a draft exists" (``length > 0``) for ``history ++ extra[:k]`` at ``n_min = n``, for all points in one pass
+    and without touching the table. Points are clamped to ``[0, G]``; an out-of-range slot matches nothing.
+
 Invalid device data (never checked on the device; these rules only keep every access in bounds)
     A slot outside ``[0, num_slots)`` is ignored: nothing is written for it and its lookup outputs are 0.
     ``prompt_len`` is clamped to ``[0, prompt.shape[1]]`` and ``counts`` to ``[0, new_tokens.shape[1]]``.
@@ -45,6 +53,7 @@ __all__ = [
     "history_stash_ref",
     "history_restore_ref",
     "ngram_lookup_ref",
+    "ngram_probe_ref",
 ]
 
 # The lookup works on [chunk, ~2-3 x width] temporaries; a batch is processed in row chunks of about this many
@@ -355,3 +364,61 @@ def ngram_lookup_ref(
         res = chunk(rows, T[b0:b1], P[b0:b1], S, n_min, n_max, window, max_draft)
         for out, val in zip((out_tokens, out_len, out_match_len, out_match_count, out_in_prompt), res):
             out[b0:b1].copy_(val)
+
+
+def ngram_probe_ref(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    slots: torch.Tensor,
+    extra: torch.Tensor,
+    points: torch.Tensor,
+    out_matched: torch.Tensor,
+    n: int,
+    window: int,
+) -> None:
+    """Batched probe (see the module docstring); writes ``out_matched [bs, P]`` int32 (1 = matched) in place.
+
+    ``extra [bs, G]`` int32: the chain after each history; ``points [P]`` int32: the ``k`` tested. Each row's
+    newest ``Sh`` history tokens and its chain are laid end-aligned in one ``[rows, Sh + G]`` sequence, so the
+    query of a point is one column for every row and each comparison is a slice (only the loop over points and
+    ``j < n`` is in Python)."""
+    num_slots, width = tokens.shape
+    bs, g = extra.shape
+    npt = points.shape[0]
+    if bs == 0 or npt == 0:
+        return
+    s, ok = _slot_index(slots, num_slots)
+    T = torch.where(ok, lens[s].to(torch.int64), 0)
+    win = width if window <= 0 or window > width else window
+    sh = width  # history columns laid out: the newest min(T, W) positions of each row fit in W
+    if host_reads_allowed(tokens) and _TRIM_ON_CPU:  # as the lookup: no further back than the longest row needs
+        sh = min(sh, int(T.max()))
+    k_all = points.to(torch.int64).clamp(0, g)  # [P]
+    dev = tokens.device
+    step = max(1, _LOOKUP_CHUNK_ELEMS // (2 * (sh + g) + 1))
+    x = torch.arange(sh, device=dev, dtype=torch.int64).view(1, -1)
+    for b0 in range(0, bs, step):
+        b1 = min(bs, b0 + step)
+        t = T[b0:b1].view(-1, 1)  # [c, 1]
+        pos = t - sh + x  # [c, Sh]: the logical position of each history column (invalid ones are never read)
+        hist = torch.gather(tokens.index_select(0, s[b0:b1]), 1, pos.clamp(min=0) % width)
+        ext = torch.cat([hist, extra[b0:b1].to(hist.dtype)], 1)  # [c, Sh + G]
+        out = out_matched[b0:b1]
+        for i in range(npt):
+            k = k_all[i : i + 1]  # [1] (a device value; no host read)
+            # x-coordinates: logical p = T - Sh + x. Oldest valid x after appending k tokens: max(Sh - T, Sh + k - W).
+            lo_x = torch.maximum(sh - t, sh + k - width)  # [c, 1]
+            low = torch.maximum(lo_x + (n - 1), sh + k - 1 - win)  # the lowest end whose n-gram is all valid
+            top = sh + g - 2  # ends run up to Sh + k - 2: bounded per row below with `k`
+            m = max(top - (n - 1) + 1, 0)  # ends x_e in [n - 1, top]
+            if m == 0:
+                out[:, i].zero_()
+                continue
+            ends = torch.arange(n - 1, top + 1, device=dev, dtype=torch.int64).view(1, -1)  # [1, m]
+            alive = (ends >= low) & (ends <= sh + k - 2)
+            qcol = sh + k - 1  # [1]: the query's last column, the same for every row
+            for j in range(n):
+                q = torch.gather(ext, 1, (qcol - j).clamp(min=0).expand(ext.shape[0], 1))  # [c, 1]
+                alive &= ext[:, n - 1 - j : n - 1 - j + m] == q
+            alive &= ok[b0:b1].view(-1, 1)  # an out-of-range slot matches nothing (as its lookup outputs 0)
+            out[:, i].copy_(alive.any(1))
