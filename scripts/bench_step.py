@@ -52,7 +52,8 @@ class Bench:
         fairness = getattr(args, "fairness", 0.0)
         scope = getattr(args, "fairness_scope", "request")
         cfg = HybridConfig(corpus=corpus, corpus_entries=args.corpus_entries, fairness=fairness,
-                           fairness_scope=scope, model_splices=getattr(args, "model_splices", 0))
+                           fairness_scope=scope, model_splices=getattr(args, "model_splices", 0),
+                           echo_probes=getattr(args, "echo_probes", HybridConfig.echo_probes))
         backend = backend or ("torch" if device.type == "cpu" else "auto")
         # The slot count is fixed, as in a server (the largest batch benchmarked): kernels that take it then
         # compile once, not once per row.
@@ -191,6 +192,8 @@ def main() -> int:
                    help="the option fairness_scope; 'tenant': the requests alternate between two tenants")
     p.add_argument("--model-splices", type=int, default=0,
                    help="the option model_splices (calibration/splice.py): splice points before the model chain's end")
+    p.add_argument("--echo-probes", type=int, default=HybridConfig.echo_probes,
+                   help="the option echo_probes (calibration/echo.py): lookups that extend the echo's reach")
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--check-steps", type=int, default=20)
@@ -201,7 +204,7 @@ def main() -> int:
     gpu = device.type == "cuda"
     print(f"HybridStep propose + record, gamma {args.gamma}, window {args.window}, history {args.hist}, "
           f"prompt {args.prompt}, vocab {args.vocab}, fairness {args.fairness:g} ({args.fairness_scope}), "
-          f"model_splices {args.model_splices}, "
+          f"model_splices {args.model_splices}, echo_probes {args.echo_probes}, "
           f"device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if gpu else "") + "; median us per step\n")
     print("| bs | corpus | eager us | graph us | graph == eager |")

@@ -31,8 +31,9 @@ COMPONENTS = {"history": ["lookup", "append", "lookup_after", "run_after"], "cal
               "online": ["apply", "update", "update_from_history"], "corpus": ["lookup", "insert"],
               "corpus_cand": ["price", "choose", "update"], "tail": ["extend", "update", "draft_buffers"],
               "ctail": ["lookup", "price", "update"], "stats": ["update"],
-              "agreement": ["apply", "share", "update"]}
-KERNELS = {"history": ["_lookup", "_append", "_stash", "_restore"], "calib_dev": ["_fn"],
+              "agreement": ["apply", "share", "update"],
+              "echo": ["start", "probe", "lift_model", "finish", "score"]}
+KERNELS = {"history": ["_lookup", "_append", "_stash", "_restore", "_probe"], "calib_dev": ["_fn"],
            "corpus": ["_lookup", "_insert"], "corpus_cand": ["_choose"], "tail": ["_choose", "_flags"]}
 
 
@@ -51,8 +52,11 @@ def main() -> None:
     p.add_argument("--corpus", default="off", choices=["off", "shared", "tenant"])
     p.add_argument("--bs", type=int, default=4)
     p.add_argument("--detail", action="store_true", help="also list each component's ops by name")
+    p.add_argument("--echo-probes", type=int, default=None, help="the option echo_probes (default: the config's)")
     a = p.parse_args()
     args = argparse.Namespace(corpus_entries=1 << 16, hist=1024, gamma=7, window=16, vocab=64, prompt=128)
+    if a.echo_probes is not None:
+        args.echo_probes = a.echo_probes
     b = bench_step.Bench(args, a.bs, a.corpus, torch.device("cpu"), backend="triton")
     st = b.step
     for comp, names in KERNELS.items():

@@ -30,6 +30,9 @@
 #   bench_step_splice scripts/bench_step.py --model-splices 4 --corpus off at bs {32,128}: the step with the model
 #                   chain's splices (four more stash / append / lookup / restore / calibration per step), eager and
 #                   as a CUDA-graph replay, and the same graph == eager test
+#   bench_step_noprobe scripts/bench_step.py --echo-probes 0 --corpus off at bs {32,128}: the step without the
+#                   echo's probes (calibration/echo.py; one probe kernel for four points per step by default);
+#                   compare with the bench_step rows of the same batch size (corpus off)
 #   bench_online    scripts/bench_online.py: the online calibration's apply and deferred scoring, torch against
 #                   their Triton kernels, eager and as a CUDA-graph replay, bs {1,4,32,128}
 #   bench_penalties scripts/bench_penalties.py: the DSpark worker's penalties at every verify position (in place
@@ -118,6 +121,7 @@ read -r -a STEP_SIZES <<< "${GPU_CHECK_STEP_SIZES:---bs 1,4,32,128}"
 STEP_BENCH=(scripts/bench_step.py --device "$DEV" "${STEP_SIZES[@]}")
 STEP_FAIR_BENCH=(scripts/bench_step.py --device "$DEV" --bs 32,128 --corpus off --fairness 2 --fairness-scope tenant)
 STEP_SPLICE_BENCH=(scripts/bench_step.py --device "$DEV" --bs 32,128 --corpus off --model-splices 4)
+STEP_NOPROBE_BENCH=(scripts/bench_step.py --device "$DEV" --bs 32,128 --corpus off --echo-probes 0)
 NGRAM_BENCH_GRAPH=(scripts/bench_ngram.py --device "$DEV" "${NGRAM_SIZES[@]}" --backends triton --cuda-graph
                    --repeats 20 --warmup 3)
 
@@ -277,6 +281,10 @@ run_section bench_step_fair test 90 "$WORK/bench_step_fair.md" TRITON_INTERPRET=
 # bench_step rows of the same batch size (corpus off)
 run_section bench_step_splice test 90 "$WORK/bench_step_splice.md" TRITON_INTERPRET="$INTERP" -- \
     "$PY" "${STEP_SPLICE_BENCH[@]}"
+# The same without the echo's probes (option echo_probes 0, calibration/echo.py): what the default's probe kernel
+# costs; compare with the bench_step rows of the same batch size (corpus off)
+run_section bench_step_noprobe test 90 "$WORK/bench_step_noprobe.md" TRITON_INTERPRET="$INTERP" -- \
+    "$PY" "${STEP_NOPROBE_BENCH[@]}"
 # The online calibration's apply and deferred scoring: torch against their Triton kernels, eager and graph
 run_section bench_online bench 60 "$WORK/bench_online.md" TRITON_INTERPRET="$INTERP" -- \
     "$PY" scripts/bench_online.py --device "$DEV" --bs 1,4,32,128
@@ -371,7 +379,7 @@ if [ "$TEST_FAILED" = 0 ]; then VERDICT="PASS"; else VERDICT="FAIL"; fi
             echo '```'
         fi
     done
-    for b in bench_step bench_step_fair bench_step_splice bench_online bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph bench_selection; do
+    for b in bench_step bench_step_fair bench_step_splice bench_step_noprobe bench_online bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph bench_selection; do
         if [ -s "$WORK/$b.md" ]; then echo; echo "## $b"; echo; cat "$WORK/$b.md"; fi
     done
     if [ -s "$WORK/e2e.txt" ]; then echo; echo "## e2e"; echo; echo '```'; tail -n 30 "$WORK/e2e.txt"; echo '```'; fi

@@ -82,6 +82,8 @@ class HybridConfig:
     splice_margin: float = 0.2  # expected tokens a splice must add over the model chain (at the last step's price)
     model_echo: bool = True  # where a lookup after the model chain's first k tokens matches (the tail's: k = gamma;
     # the splices'), those tokens are priced by the traffic's record of such echoes (calibration/echo.py)
+    echo_probes: int = 4  # with model_echo: lookups after the model chain's first k tokens, k = gamma - echo_probes
+    # .. gamma - 1 (the splices' points excepted), that only extend the echo's reach (ModelEcho.probe); 0 = off
     fairness: float = 0.0  # each request's survivals times (the batch's lowest speed relative to DSpark's plan for
     # it / its own) ** fairness before the selection (selection/fairness.py): 0 = the batch's tokens per second
     # alone; 2 keeps chat beside code edits near DSpark's speed; needs DSpark's ragged verify (an SPS budget)
@@ -133,6 +135,8 @@ class HybridConfig:
             raise bad("model_tail", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_tail}")
         if not (0 <= self.model_splices <= MAX_DRAFT_LIMIT):
             raise bad("model_splices", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.model_splices}")
+        if not (0 <= self.echo_probes <= MAX_DRAFT_LIMIT):
+            raise bad("echo_probes", f"must be in [0, {MAX_DRAFT_LIMIT}] (0 = off), got {self.echo_probes}")
         if not (0.0 <= self.splice_margin <= MAX_DRAFT_LIMIT):
             raise bad("splice_margin", f"must be in [0, {MAX_DRAFT_LIMIT}] (expected tokens), got {self.splice_margin}")
         if not (0.0 <= self.fairness <= FAIRNESS_MAX):

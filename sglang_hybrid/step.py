@@ -145,7 +145,8 @@ class HybridStep:
         # tail's, the splices') finds in the history, priced by the traffic's record of such echoes.
         self.echo = make_step_echo(
             cfg.model_echo and cfg.enable_model and cfg.enable_ngram, tail=self.tail is not None,
-            splices=self.splice is not None, max_bs=max_bs, gamma=gamma,
+            splice_points=self.splice.points if self.splice is not None else (), probes=cfg.echo_probes,
+            lookup_cfg=self.ngram_cfg, max_bs=max_bs, gamma=gamma,
             width=gamma + (self.tail.tail if self.tail is not None else 0), device=self.device,
             strength=cfg.online_strength)
         if self.splice is not None:
@@ -324,8 +325,9 @@ class HybridStep:
                 mt, model_surv = self.tail.draft_and_extend(self.history, slots, self.calib_dev, mt, model_surv,
                                                             corpus=self.ctail,
                                                             tenant=ten if self.ctail is not None else None)
-            if self.echo is not None:  # the model tokens the history echoes (the tail's lookup, then the splices')
-                self.echo.start(bs, self.tail.draft_buffers(bs).length if self.tail is not None else None)
+            if self.echo is not None:  # the model tokens the history echoes (the tail's lookup, the probes', the
+                self.echo.start(bs, self.tail.draft_buffers(bs).length if self.tail is not None else None)  # splices')
+                self.echo.probe(self.history, slots, mt[:, : self.gamma])
                 if self.splice is None:
                     model_surv = self.echo.lift_model(model_surv)
                     self.echo.finish(mt, model_surv)
@@ -465,6 +467,7 @@ class HybridStep:
         m.update(self.extra_metrics)
         m["model_tail_tokens"] = 0 if self.tail is None else self.tail.tail
         m["model_splice_points"] = 0 if self.splice is None else len(self.splice.points)
+        m["echo_probe_points"] = 0 if self.echo is None else len(self.echo.points)
         m["model_echo_ratio"] = 0.0 if self.echo is None else self.echo.host_ratio()  # 0 = off, 1 = no evidence
         if self.tail is not None:
             m.update(self.tail.counts())

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hybrid.calibration.echo import ModelEcho, PrefixEcho, lift_ref, make_step_echo, update_ref
+from sglang_hybrid.calibration.echo import (ModelEcho, PrefixEcho, lift_ref, make_step_echo, probe_points,
+                                            update_ref)
+from sglang_hybrid.ngram import NgramConfig
 from sglang_hybrid.step import sync_guard
 from tests.alloc_probe import profile_call
 
@@ -180,9 +182,26 @@ def test_model_echo_reach_finish_and_score():
     e.score(committed, torch.tensor([5, 5, 5], dtype=torch.int32))
     # row 0: token 0 accepted (O 0.55), token 1 missed (E 0.5); row 1: token 0 accepted (O 0.5)
     assert e.record.tolist() == pytest.approx([0.5, 1.05])
-    assert make_step_echo(True, tail=False, splices=False, max_bs=2, gamma=g, width=w, device="cpu") is None
-    assert make_step_echo(False, tail=True, splices=True, max_bs=2, gamma=g, width=w, device="cpu") is None
-    assert isinstance(make_step_echo(True, tail=True, splices=False, max_bs=2, gamma=g, width=w, device="cpu"),
-                      ModelEcho)
     with pytest.raises(ValueError, match="gamma"):
         ModelEcho(2, 7, 6, "cpu")
+
+
+def test_make_step_echo_and_its_probe_points():
+    """The echo needs a lookup after the model chain: the tail's, a splice's or a probe's. Probe points sit just
+    before the chain's end, at least 1, and skip the splices' points (their own lookups extend the reach)."""
+    g, w, cfg = 4, 6, NgramConfig()
+    kw = dict(max_bs=2, gamma=g, width=w, device="cpu", lookup_cfg=cfg)
+    assert make_step_echo(True, tail=False, **kw) is None
+    assert make_step_echo(False, tail=True, splice_points=(2, 3), probes=3, **kw) is None
+    assert make_step_echo(True, tail=True, **kw).points == ()
+    assert make_step_echo(True, tail=False, splice_points=(3,), **kw).points == ()
+    assert make_step_echo(True, tail=False, probes=2, **kw).points == (2, 3)
+    assert make_step_echo(True, tail=True, splice_points=(3,), probes=9, **kw).points == (1, 2)
+    assert make_step_echo(True, tail=False, splice_points=(1, 2, 3), probes=3, **kw).points == ()
+    assert probe_points(g, 0) == () and probe_points(g, 1) == (3,) and probe_points(1, 4) == ()
+    with pytest.raises(ValueError, match="echo_probes"):
+        probe_points(g, -1)
+    with pytest.raises(ValueError, match="probe points"):
+        ModelEcho(2, g, w, "cpu", points=(g,), lookup_cfg=cfg)
+    with pytest.raises(ValueError, match="probe points"):
+        ModelEcho(2, g, w, "cpu", points=(1,))

@@ -22,7 +22,8 @@ from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-SECTIONS = ["env", "wheels", "tests_calibration", "tests_ngram", "tests_step_graphs", "bench_step", "bench_step_fair", "bench_step_splice", "bench_penalties", "device_memory", "bench_corpus_graph", "tests_selection", "bench_ngram",
+SECTIONS = ["env", "wheels", "tests_calibration", "tests_ngram", "tests_step_graphs", "bench_step", "bench_step_fair", "bench_step_splice",
+            "bench_step_noprobe", "bench_penalties", "device_memory", "bench_corpus_graph", "tests_selection", "bench_ngram",
             "bench_corpus", "bench_ngram_graph", "bench_selection", "e2e"]
 
 
@@ -59,6 +60,7 @@ def test_dry_run_prints_every_section_and_runs_nothing(tmp_path: Path) -> None:
     assert "scripts/bench_step.py --device cuda --bs 32,128 --corpus off --fairness 2 --fairness-scope tenant" in text
     assert "scripts/gpu_e2e_check.py --device cuda" in text
     assert "scripts/bench_step.py --device cuda --bs 32,128 --corpus off --model-splices 4" in text
+    assert "scripts/bench_step.py --device cuda --bs 32,128 --corpus off --echo-probes 0" in text
     assert "scripts/bench_penalties.py --device cuda --shapes 1x8x152064" in text
     assert "scripts/device_memory.py --device cuda --configs 256x40960,1024x40960" in text
     assert "RESULT: dry run, nothing executed" in text
@@ -125,7 +127,7 @@ def test_real_run_in_a_fake_repo_logs_and_exit_status(tmp_path: Path) -> None:
     """Non-dry run on a CPU: the selection test gets the CUDA environment; a failing section fails the script."""
     repo = _fake_repo(tmp_path)
     out = tmp_path / "out"
-    skip = "env wheels tests_calibration tests_ngram tests_step_graphs bench_step bench_step_fair bench_step_splice bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph e2e"
+    skip = "env wheels tests_calibration tests_ngram tests_step_graphs bench_step bench_step_fair bench_step_splice bench_step_noprobe bench_corpus_graph bench_ngram bench_corpus bench_ngram_graph e2e"
     p = _bash(["scripts/gpu_check.sh"], repo, {"OUT": str(out), "GPU_CHECK_SKIP": skip})
     log = (out / "gpu_check.log").read_text()
     results = (out / "gpu_results.md").read_text()

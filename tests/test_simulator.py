@@ -265,6 +265,19 @@ def test_model_splices_are_checked_token_by_token_and_change_the_steps(short_cod
             simulate(short_code, dataclasses.replace(base, **bad))
 
 
+def test_echo_probes_change_the_steps_not_the_output(chat):
+    """The echo's probes (``ModelEcho.probe``, option ``echo_probes``, 4 by default): lookups that only extend the
+    echo's reach. The output is the same; the steps move (on the first 8 chat records). A negative count is
+    refused."""
+    base = SimOptions(batch_size=4, max_requests=8, policies=("hybrid",), measure="all")
+    on = simulate(chat[:8], base)["policies"]["hybrid"]
+    off = simulate(chat[:8], dataclasses.replace(base, echo_probes=0))["policies"]["hybrid"]
+    assert base.echo_probes == 4 and on["output_tokens"] == off["output_tokens"]
+    assert on["steps"] != off["steps"]
+    with pytest.raises(ValueError, match="echo_probes"):
+        simulate(chat[:8], dataclasses.replace(base, echo_probes=-1))
+
+
 def test_mixed_workload_reports_each_kind(short_code, chat):
     """A workload that mixes kinds is also reported per kind: the per-kind request-steps, tokens and
     request-seconds add up to the totals, each kind's speed is its tokens over its requests' running time, and

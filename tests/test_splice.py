@@ -200,3 +200,70 @@ def test_make_step_splice_and_its_errors():
     with pytest.raises(ValueError, match="columns"):
         sp.splice(None, torch.tensor([0]), None, torch.zeros(1, GAMMA, dtype=torch.int32), torch.zeros(1, GAMMA),
                   torch.zeros(1, GAMMA), torch.zeros(1))
+
+
+# ---------------------------------------------------------------- the echo's probes (calibration/echo.py)
+
+
+def _probe_reach_brute(seq: list[int], n: int, window: int) -> bool:
+    """Whether the last ``n`` tokens of ``seq`` occurred before (an end ``e <= len - 2`` in the scanned window)."""
+    t = len(seq)
+    if t < n + 1:
+        return False
+    lo = max(0, t - 1 - window) if window else 0
+    return any(e - n + 1 >= 0 and seq[e - n + 1 : e + 1] == seq[t - n :] for e in range(lo, t - 1))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("window", [0, 6])
+def test_probes_reach_what_a_brute_force_scan_finds_and_what_the_splices_lookups_find(seed, window):
+    """``ModelEcho.probe``: the reach is the largest probe point ``k`` where the last ``n_min`` tokens of
+    ``history ++ model[:k]`` occurred before, in the lookup's window (a plain scan; histories of 0 and 1 token
+    included), the same reach the splices' full lookups give at those points; the history is unchanged."""
+    rng = np.random.default_rng(seed)
+    rows = _histories(rng)
+    rows[3], rows[5] = [], rows[5][:1]  # adversarial: no history, one token
+    h = _table(rows)
+    before = (h.tokens.clone(), h.lens.clone())
+    cfg = NgramConfig(n_min=int(rng.integers(1, 4)), n_max=8, max_draft=WIDTH, window=window)
+    slots = torch.tensor([4, 0, 5, 2, 1, 3], dtype=torch.int64)
+    bs = slots.shape[0]
+    model = _model_chains(rng, [rows[int(s)] for s in slots])
+    points = (2, 3, 5, 6)
+    echo = ModelEcho(8, GAMMA, WIDTH, "cpu", points=points, lookup_cfg=cfg)
+    start = torch.tensor([0, 0, 0, 2, 0, 0], dtype=torch.int32)  # row 3: the tail's lookup matched (reach gamma)
+    echo.start(bs, start)
+    echo.probe(h, slots, model)
+    ref = [GAMMA if int(start[b]) > 0 else max([k for k in points if _probe_reach_brute(
+        rows[int(slots[b])] + model[b, :k].tolist(), cfg.n_min, window)], default=0) for b in range(bs)]
+    assert echo.reach[:bs].tolist() == ref
+    assert 0 < sum(r > 0 for r in ref) < bs  # both outcomes occur
+    assert torch.equal(h.tokens, before[0]) and torch.equal(h.lens, before[1])
+    full = ModelEcho(8, GAMMA, WIDTH, "cpu")
+    full.start(bs, start)
+    tokens = torch.zeros(bs, WIDTH, dtype=torch.int32)
+    tokens[:, :GAMMA] = model
+    surv = torch.cumprod(torch.full((bs, WIDTH), 0.8), 1)
+    ModelSplice(8, GAMMA, WIDTH, points, cfg, 0.2, "cpu").splice(h, slots, _calibration(), tokens, surv,
+                                                                  surv[:, :GAMMA], torch.tensor([0.05]), echo=full)
+    assert torch.equal(full.reach[:bs], echo.reach[:bs])
+
+
+def test_probes_allocate_nothing_outside_the_kernels():
+    rng = np.random.default_rng(4)
+    rows = _histories(rng)
+    h = _table(rows)
+    h._probe = tagged(h._probe)
+    slots = torch.tensor([0, 1, 2])
+    model = _model_chains(rng, rows[:3])
+    echo = ModelEcho(4, GAMMA, WIDTH, "cpu", points=(4, 5, 6), lookup_cfg=CFG)
+
+    def one_step():
+        with sync_guard(True):
+            echo.start(3)
+            echo.probe(h, slots, model)
+
+    one_step()
+    launches, outside = profile_call(one_step)
+    assert launches == 1  # one probe kernel for the 3 points
+    assert outside == [], outside

@@ -173,6 +173,7 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch, splices)
 
     s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
     s.history._stash, s.history._restore = tagged(s.history._stash), tagged(s.history._restore)
+    s.history._probe = tagged(s.history._probe)
     s.calib_dev._fn = tagged(s.calib_dev._fn)
     assert s.online is not None and s.online.deferred is not None and s.online.deferred.backend == "triton"
     s.online.deferred._elems = tagged(s.online.deferred._elems)
@@ -213,9 +214,10 @@ def test_decode_step_allocates_nothing_outside_the_kernels(monkeypatch, splices)
     # chain (stash, append, lookup, restore, calibration, online apply, online update): verify_window 8 > gamma
     # leaves it 8 - gamma columns; 2 x the model agreement's apply, share and update; 2 x the counters'
     # per-request and batch kernels; 2 x the tail's flags and chain counters; with splices, 2 x 3 points x (stash,
-    # append, lookup, restore, calibration).
+    # append, lookup, restore, calibration); without them, 2 x the echo's probe kernel (the same 3 points).
     assert s.tail is not None and (s.splice is not None) == (splices > 0)
-    assert launches == 40 + 30 * (splices > 0)
+    assert s.echo.points == ((1, 2, 3) if splices == 0 else ())
+    assert launches == 40 + (30 if splices > 0 else 2)
     assert outside == [], outside
 
 
@@ -418,7 +420,34 @@ def test_model_echo_reads_the_tails_lookup_without_splices():
     assert step.metrics()["model_echo_ratio"] == 1.0  # nothing scored yet
     assert _wide_step(10, model_echo=False).echo is None and _wide_step(10, model_echo=False).metrics()[
         "model_echo_ratio"] == 0.0
-    assert _wide_step(10, model_tail=0).echo is None  # no lookup after the model chain: nothing to echo
+    assert _wide_step(10, model_tail=0, echo_probes=0).echo is None  # no lookup after the model chain: no echo
+
+
+def test_echo_probes_extend_the_reach_to_the_model_prefix_the_history_holds():
+    """Option ``echo_probes`` (``ModelEcho.probe``): with the tail off, the probes after the model chain's first
+    1, 2 and 3 tokens are the echo's lookups. A chain that copies the history for two tokens and then leaves it
+    is echoed as far as the probe after its second token (reach 2): those two are lifted, the rest are not. The
+    probes draft nothing: the chain verified is the model's own."""
+    copy = list(range(10, 30))
+    slots = torch.tensor([3])
+    model = torch.tensor([[10, 11, 99, 98]], dtype=torch.int32)
+    conf = torch.full((1, GAMMA), 0.5)
+    step = _wide_step(10, model_tail=0, echo_probes=3)
+    assert step.splice is None and step.tail is None and step.echo.points == (1, 2, 3)
+    _prefill(step, slots, [copy + [50, 51]])
+    step.echo.record.copy_(torch.tensor([1.0, 50.0]))
+    prop = step.propose(slots, model, model_confidence=conf)
+    assert step.echo.reach[0] == 2 and step.echo.echoed[0, :GAMMA].tolist() == [True, True, False, False]
+    assert int(prop.choice[0]) == 0 and prop.tokens[0, :GAMMA].tolist() == model[0].tolist()
+    out = torch.zeros(1, 10)
+    step.planner_confidence(prop, torch.cat([conf, torch.full((1, 6), 0.9)], 1), out)
+    r = (50.0 + step.cfg.online_strength) / (1.0 + step.cfg.online_strength)
+    assert out[0, :2].tolist() == pytest.approx([r * 0.5 / (1 + 0.5 * (r - 1))] * 2, rel=1e-5)
+    assert out[0, 2:GAMMA].tolist() == pytest.approx([0.5, 0.5], rel=1e-5)
+    assert step.metrics()["echo_probe_points"] == 3
+    assert _wide_step(10, model_tail=0, echo_probes=1).echo.points == (3,)
+    with pytest.raises(ValueError, match="echo_probes"):
+        HybridConfig(echo_probes=-1).validate()
 
 
 def test_prefill_hook_rebuilds_a_retracted_requests_history_from_prompt_and_output():

@@ -156,6 +156,7 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
 
     s.history._lookup, s.history._append = tagged(s.history._lookup), tagged(s.history._append)
     s.history._stash, s.history._restore = tagged(s.history._stash), tagged(s.history._restore)
+    s.history._probe = tagged(s.history._probe)
     s.corpus_cand._choose, s.tail._choose = tagged(s.corpus_cand._choose), tagged(s.tail._choose)
     s.tail._flags = tagged(s.tail._flags)  # the tail's after-verify flags
     for cc in (s.corpus_cand.counters, s.tail.counters) + ((s.ctail.counters,) if corpus_tail else ()):
@@ -193,8 +194,10 @@ def test_the_corpus_path_allocates_nothing_outside_the_kernels(monkeypatch, corp
     # the model agreement's apply (both candidates), share and update, the counters' two kernels, the
     # corpus's fitted table (the candidate's; with the corpus's tail, its own), and the choice between the n-gram
     # and the corpus (with the corpus's tail, between the two tails too), and the chain counters of the corpus
-    # candidate and the tail (with the corpus's tail, its own), and the tail's after-verify flags
-    assert launches == 28 + 6 * corpus_tail
+    # candidate and the tail (with the corpus's tail, its own), and the tail's after-verify flags; and the echo's
+    # probe kernel (3 points)
+    assert s.echo.points == (1, 2, 3)
+    assert launches == 28 + 6 * corpus_tail + 1
     assert outside == [], outside
 
 

@@ -161,7 +161,8 @@ class HybridPolicy:
                  two_branch: bool = False, corpus: str = "off", corpus_entries: int = 1 << 21,
                  corpus_calibration="default", model_tail: int = 0, model_agreement: bool = True,
                  corpus_tail: bool = True, fairness: float = 0.0, fairness_scope: str = "request",
-                 model_splices: int = 0, splice_margin: float = 0.2, model_echo: bool = True) -> None:
+                 model_splices: int = 0, splice_margin: float = 0.2, model_echo: bool = True,
+                 echo_probes: int = 0) -> None:
         self.cfg = NgramConfig(n_min=n_min, n_max=n_max, max_draft=max_draft, window=window)
         self.cfg.validate()
         calibration.check_covers(self.cfg)
@@ -206,7 +207,8 @@ class HybridPolicy:
                                        lookup_cfg=self.cfg, max_bs=max_bs, device="cpu")
         # The history's echo of the model chain (calibration/echo.py), as HybridStep builds it.
         self.echo = make_step_echo(model_echo and enable_ngram, tail=self.tail is not None,
-                                   splices=self.splice is not None, max_bs=max_bs, gamma=gamma,
+                                   splice_points=self.splice.points if self.splice is not None else (),
+                                   probes=echo_probes, lookup_cfg=self.cfg, max_bs=max_bs, gamma=gamma,
                                    width=gamma + (self.tail.tail if self.tail is not None else 0), device="cpu",
                                    strength=online_strength)
         # Both model-free candidates re-priced beside the model chain (calibration/agreement.py), as HybridStep.
@@ -296,8 +298,9 @@ class HybridPolicy:
             mtok, model_surv = self.tail.draft_and_extend(history, inp.slots, self.calib, mtok, model_surv,
                                                           corpus=self.ctail)
         out = self.sel.view(bs)
-        if self.echo is not None:  # the model tokens the history echoes (the tail's lookup, then the splices')
+        if self.echo is not None:  # the model tokens the history echoes (the tail's lookup, the probes', the splices')
             self.echo.start(bs, self.tail.draft_buffers(bs).length if self.tail is not None else None)
+            self.echo.probe(history, inp.slots, inp.model_tokens)
             if self.splice is None:
                 model_surv = self.echo.lift_model(model_surv)
                 self.echo.finish(mtok, model_surv)

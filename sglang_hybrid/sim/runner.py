@@ -64,6 +64,7 @@ class SimOptions:
     model_splices: int = HybridConfig.model_splices  # hybrid: splice points before the model chain's end (splice.py)
     splice_margin: float = HybridConfig.splice_margin  # hybrid: expected tokens a splice must add over the model chain
     model_echo: bool = HybridConfig.model_echo  # hybrid: the model tokens the history echoes are lifted (echo.py)
+    echo_probes: int = HybridConfig.echo_probes  # hybrid, with model_echo: lookups that extend the echo's reach
     hybrid_verify: str = "ragged"  # "ragged": DSpark-style verify; "fixed": the EAGLE-family worker's fixed window
     calibration: Optional[str] = None  # None = the shipped table
     sps_table: Optional[str] = None  # None = the shipped roofline table
@@ -110,6 +111,8 @@ class SimOptions:
             raise ValueError(f"online_defer: must be >= 0, got {self.online_defer}")
         if self.model_tail < 0:
             raise ValueError(f"model_tail: must be >= 0 (0 = off), got {self.model_tail}")
+        if self.echo_probes < 0:
+            raise ValueError(f"echo_probes: must be >= 0 (0 = off), got {self.echo_probes}")
         if self.model_splices < 0 or self.splice_margin < 0:
             raise ValueError(f"model_splices and splice_margin: must be >= 0, got {self.model_splices} and "
                              f"{self.splice_margin}")
@@ -231,7 +234,8 @@ def make_policy(name: str, opts: SimOptions, sps: SpsTable, calibration=None, hy
                    corpus_calibration=opts.corpus_calibration, model_tail=opts.model_tail,
                    model_agreement=opts.model_agreement, corpus_tail=opts.corpus_tail, fairness=opts.fairness,
                    fairness_scope=opts.fairness_scope, model_splices=opts.model_splices,
-                   splice_margin=opts.splice_margin, model_echo=opts.model_echo)
+                   splice_margin=opts.splice_margin, model_echo=opts.model_echo,
+                   echo_probes=opts.echo_probes)
     if name == ORACLE and opts.oracle:
         from .oracle import OraclePolicy
 

@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--no-model-echo", dest="model_echo", action="store_false",
                    help="hybrid: do not lift the model tokens the history echoes (the tail's and the splices' "
                         "lookups after them matched; calibration/echo.py; default on, as the plugin's model_echo)")
+    n.add_argument("--echo-probes", type=int, default=HybridConfig.echo_probes,
+                   help="hybrid, with the echo: lookups after the model chain's first k tokens, k = gamma - N .. "
+                        "gamma - 1, that only extend the echo's reach (the plugin's echo_probes); 0 = off")
     n.add_argument("--fairness", type=float, default=HybridConfig.fairness,
                    help="hybrid: weight each request's survivals by (the batch's lowest speed relative to DSpark's "
                         "plan for the same request / its own) ** FAIRNESS before the selection (selection/"
@@ -165,7 +168,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         corpus_entries=args.corpus_entries, corpus_calibration=args.corpus_calibration, model_tail=args.model_tail,
         model_agreement=args.model_agreement, corpus_tail=args.corpus_tail, fairness=args.fairness,
         fairness_scope=args.fairness_scope, model_splices=args.model_splices, splice_margin=args.splice_margin,
-        model_echo=args.model_echo,
+        model_echo=args.model_echo, echo_probes=args.echo_probes,
         online_calibration=HybridConfig.online_calibration if args.online_calibration is None
         else args.online_calibration,
         online_strength=HybridConfig.online_strength if args.online_strength is None else args.online_strength,
