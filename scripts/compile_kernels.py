@@ -96,8 +96,9 @@ def launch_all(bs: int) -> list[str]:
     stash = (torch.zeros(bs, 7, dtype=torch.int64), _i32(bs, 7), torch.zeros(bs, dtype=torch.int64), _i32(bs))
     kernels.history_stash_triton(toks, lens, slots, *stash)
     kernels.history_restore_triton(toks, lens, *stash)
+    kernels.ngram_probe_triton(toks, lens, slots, _i32(bs, 7), _i32(4), _i32(bs, 4), 2, 0)
     labels += ["history write_prompt", "history append", "history reset", "n-gram lookup", "history stash",
-               "history restore"]
+               "history restore", "n-gram probe"]
 
     nb, ways, n_max = 1 << 18, 8, 8
     table, coef, tenant = (_i32(nb, ways), _i32(nb, ways), _i32(nb, ways)), make_coef(n_max, "cpu"), _i32(bs)

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "compile_kernels.py"
 LAUNCHES = ("history write_prompt", "history append", "history reset", "n-gram lookup", "history stash",
-            "history restore", "corpus lookup",
+            "history restore", "n-gram probe", "corpus lookup",
             "corpus insert claim", "corpus insert resolve", "corpus insert count", "calibration apply",
             "deferred scoring (bins)", "deferred scoring", "online apply (bins)", "online apply",
             "online update (bins)", "online update", "agreement apply", "agreement share", "agreement update",
