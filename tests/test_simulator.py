@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from sglang_hybrid.selection.sps import SpsTable
 from sglang_hybrid.sim import simulate_cli
@@ -276,6 +277,42 @@ def test_echo_probes_change_the_steps_not_the_output(chat):
     assert on["steps"] != off["steps"]
     with pytest.raises(ValueError, match="echo_probes"):
         simulate(chat[:8], dataclasses.replace(base, echo_probes=-1))
+
+
+def test_history_wrong_tokens_copy_what_follows_the_right_prefix():
+    """``wrong_tokens="history"``: after the model's right prefix the chain copies what the history says follows it
+    (here ``5 6 7`` after ``... 4``); where the lookup finds nothing, or its first token would be right, the
+    wrong tokens stay ``ref + 1``."""
+    from sglang_hybrid.ngram import NgramConfig, NgramDraft, TokenHistory
+    from sglang_hybrid.sim.simulator import _history_wrong
+
+    h = TokenHistory(4, 64, "cpu", backend="torch", max_batch_size=4, max_draft=8)
+    rows = [[1, 2, 3, 4, 5, 6, 7, 8, 1, 2], [1, 2, 3, 4, 5, 6, 7, 8, 1, 2], [9, 9, 8, 8]]
+    p = torch.zeros(3, 10, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        p[i, : len(r)] = torch.tensor(r)
+    h.write_prompt(torch.arange(3), p, torch.tensor([len(r) for r in rows], dtype=torch.int32))
+    h.reserve_after(4)
+    ref = np.array([[3, 4, 20, 21], [3, 4, 5, 6], [1, 2, 3, 4]])
+    acc = np.array([2, 2, 1])
+    shift = ref + 1
+    out = NgramDraft(torch.zeros(4, 4, dtype=torch.int32), *(torch.zeros(4, dtype=torch.int32) for _ in range(4)))
+    w = _history_wrong(h, torch.arange(3), ref, acc, shift, NgramConfig(max_draft=4), out)
+    assert w[0].tolist() == [4, 5, 5, 6]  # columns 2, 3: the history's 5 6 after "3 4" (before acc: ignored)
+    assert w[1].tolist() == shift[1].tolist()  # the history's next token (5) is the reference's: shift
+    assert w[2].tolist() == shift[2].tolist()  # "9 9 8 8 1" occurs nowhere before: shift
+    assert h.lens[:3].tolist() == [10, 10, 4]  # the history is unchanged
+
+
+def test_history_wrong_tokens_move_the_hybrid_not_dspark_or_the_output(chat):
+    base = SimOptions(batch_size=4, max_requests=8, policies=("dspark", "hybrid"), measure="all")
+    a = simulate(chat[:8], base)["policies"]
+    b = simulate(chat[:8], dataclasses.replace(base, wrong_tokens="history"))["policies"]
+    assert a["dspark"] == b["dspark"]  # DSpark accepts its drawn length whatever its wrong tokens are
+    assert a["hybrid"]["output_tokens"] == b["hybrid"]["output_tokens"]
+    assert a["hybrid"]["steps"] != b["hybrid"]["steps"]
+    with pytest.raises(ValueError, match="wrong_tokens"):
+        simulate(chat[:8], dataclasses.replace(base, wrong_tokens="random"))
 
 
 def test_mixed_workload_reports_each_kind(short_code, chat):

@@ -15,7 +15,7 @@ from .cost import make_cost
 from .acceptance import DEFAULT_CONCENTRATION, DEFAULT_DECAY, AcceptanceModel
 from .jsonl import Record
 from .policies import DSparkPolicy, HybridPolicy, NgramPolicy
-from .simulator import PolicyResult, Request, run_policy
+from .simulator import WRONG_TOKENS, PolicyResult, Request, run_policy
 from .trace import ModelDraws, load_trace
 
 POLICIES = ("dspark", "ngram", "hybrid")
@@ -73,6 +73,8 @@ class SimOptions:
     sps2d: str = "auto"  # hybrid's price: "auto" = a 2-D table (selection/sps2d.py) matching the cost model under
     # roofline-2d, the 1-D table under sps; "off" = always 1-D; "roofline" or a 2-D table JSON path
     measure: str = "steady"  # "steady": full batches only (stop when the queue runs dry); "all": to the end
+    wrong_tokens: str = "shift"  # the model chain's wrong tokens: "shift" (ref + 1) or "history" (an adversary
+    # for the echo: it copies what the history says follows its right prefix; simulator.py)
     oracle: str = ""  # "" = none; else also run the clairvoyant bound of that mode (oracle.ORACLE_MODES)
     progress: bool = False
 
@@ -99,6 +101,8 @@ class SimOptions:
             raise ValueError(f"cost: choose from ('sps', 'roofline-2d'), got {self.cost!r}")
         if self.measure not in ("steady", "all"):
             raise ValueError(f"measure: choose from ('steady', 'all'), got {self.measure!r}")
+        if self.wrong_tokens not in WRONG_TOKENS:
+            raise ValueError(f"wrong_tokens: choose from {WRONG_TOKENS}, got {self.wrong_tokens!r}")
         if self.hybrid_verify not in ("ragged", "fixed"):
             raise ValueError(f"hybrid_verify: choose from ('ragged', 'fixed'), got {self.hybrid_verify!r}")
         if self.two_branch and self.hybrid_verify != "ragged":
@@ -251,7 +255,7 @@ def run_built(policy, reqs: Sequence[Request], vocab: int, opts: SimOptions, sps
     drafter cost and measure."""
     return run_policy(policy, reqs, opts.batch_size, sps, gamma=opts.gamma, vocab_size=vocab,
                       cost=make_cost(opts.cost, sps), draft_cost_frac=opts.draft_cost_frac, progress=opts.progress,
-                      measure=opts.measure, label=label)
+                      measure=opts.measure, label=label, wrong_tokens=opts.wrong_tokens)
 
 
 def simulate(records: Sequence[Record], opts: SimOptions, *, tokenizer=None, calibration=None,

@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "SPS table under sps), off (always 1-D), roofline, or a 2-D table JSON (selection/sps2d.py)")
     p.add_argument("--measure", choices=("steady", "all"), default="steady",
                    help="steady: count only full-batch steps (stop when the queue runs dry); all: replay to the end")
+    p.add_argument("--wrong-tokens", choices=("shift", "history"), default="shift",
+                   help="the model chain's wrong tokens: shift (ref + 1, never in the history) or history (an "
+                        "adversary for the echo: after its right prefix it copies what the request's history says "
+                        "follows it)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads; the replay runs many small tensor ops, which one thread does fastest "
                         "(on a shared 2-core machine, 2 threads ran 10x slower)")
@@ -175,7 +179,7 @@ def _options(args: argparse.Namespace, batch_size: int) -> SimOptions:
         online_defer=HybridConfig.online_defer if args.online_defer is None else args.online_defer,
         online_bins=HybridConfig.online_bins if args.online_bins is None else args.online_bins,
         calibration=args.calibration, sps_table=args.sps_table, tokenizer=args.tokenizer,
-        measure=args.measure, cost=args.cost, sps2d=args.sps2d, progress=sys.stderr.isatty() if args.progress is None else args.progress,
+        measure=args.measure, wrong_tokens=args.wrong_tokens, cost=args.cost, sps2d=args.sps2d, progress=sys.stderr.isatty() if args.progress is None else args.progress,
     )
 
 

@@ -4,7 +4,11 @@ Per decode step, for the running requests (a finished request's slot is refilled
 starts with its prompt and the first output token, which prefill produced):
 
 1. the model drafter's chain and confidences come from ``ModelDraws`` (declared acceptance model or trace): its
-   tokens equal the reference output up to its drawn acceptance length and differ right after it;
+   tokens equal the reference output up to its drawn acceptance length and differ right after it. Its wrong
+   tokens are ``ref + 1`` (``wrong_tokens="shift"``), which never echo the history; ``"history"`` makes them
+   plausible instead, an adversary for the echo (``calibration/echo.py``): after its right prefix the drafter
+   copies what the request's own history says follows it (the lookup on ``history ++ prefix``; ``shift`` where
+   that lookup finds nothing or its first token would be right), a drafter that copies the wrong passage;
 2. the policy runs the real code (``policies.py``) and picks, per request, a chain and how many of its draft
    tokens to verify;
 3. acceptance: the verified prefix that matches the reference output (the target's output is known), so the
@@ -27,7 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..ngram import TokenHistory
+from ..ngram import NgramConfig, NgramDraft, TokenHistory
 from ..selection.sps import SpsTable
 from .policies import StepInput
 
@@ -144,6 +148,7 @@ def run_policy(
     label: str = "",
     measure: str = "all",
     cost=None,
+    wrong_tokens: str = "shift",
 ) -> PolicyResult:
     """Simulate ``policy`` over ``requests`` (in order) with ``batch_size`` slots; see the module docstring.
 
@@ -164,6 +169,8 @@ def run_policy(
                          f"(got {len(requests)}); use measure 'all' or more requests")
     if draft_cost_frac < 0:
         raise ValueError(f"draft_cost_frac: must be >= 0, got {draft_cost_frac}")
+    if wrong_tokens not in WRONG_TOKENS:
+        raise ValueError(f"wrong_tokens: choose from {WRONG_TOKENS}, got {wrong_tokens!r}")
     # Reference columns a step can read: the longest chain plus its bonus token (a chain of ``lookahead`` tokens
     # accepted whole commits ``lookahead + 1``).
     look = max(lookahead, gamma) + 1
@@ -195,6 +202,11 @@ def run_policy(
     clairvoyant = bool(getattr(policy, "clairvoyant", False))  # sees the reference (oracle.py), a yardstick only
     col = np.arange(gamma)
     ar_look = np.arange(look)
+    if wrong_tokens == "history":  # the adversary's lookup after the model's right prefix
+        hist.reserve_after(gamma)
+        wcfg = NgramConfig(max_draft=gamma)
+        wout = NgramDraft(torch.zeros(batch_size, gamma, dtype=torch.int32),
+                          *(torch.zeros(batch_size, dtype=torch.int32) for _ in range(4)))
     while queue or (slot_req >= 0).any():
         free = np.flatnonzero(slot_req < 0)[: len(queue)]  # the lowest free slots, in order
         if len(free):
@@ -215,6 +227,8 @@ def run_policy(
         acc_m = acc_flat[row]
         conf = conf_flat[row]
         wrong = np.where(ref[:, :gamma] < 0, 0, (ref[:, :gamma] + 1) % vocab_size)
+        if wrong_tokens == "history":
+            wrong = _history_wrong(hist, slots, ref[:, :gamma], acc_m, wrong, wcfg, wout)
         model_tok = np.where(col[None, :] < acc_m[:, None], ref[:, :gamma], wrong)
         inp = StepInput(slots, req_index[ri], torch.from_numpy(model_tok.astype(np.int32)),
                         torch.from_numpy(np.ascontiguousarray(conf, dtype=np.float32)),
@@ -278,6 +292,29 @@ def run_policy(
         res.chains = policy.counts()
     res.kinds = {k: [int(kind_acc[i, 0]), int(kind_acc[i, 1]), float(kind_acc[i, 2])] for i, k in enumerate(kind_names)}
     return res
+
+
+WRONG_TOKENS = ("shift", "history")
+
+
+def _history_wrong(hist: TokenHistory, slots: torch.Tensor, ref: np.ndarray, acc: np.ndarray, shift: np.ndarray,
+                   cfg: NgramConfig, out: NgramDraft) -> np.ndarray:
+    """``wrong_tokens="history"``: per row, the wrong tokens from column ``acc`` on are what the history says
+    follows ``history ++ ref[:acc]`` (its lookup's draft), where that draft exists and its first token is not the
+    reference's; ``shift`` elsewhere (and past the draft)."""
+    bs, g = ref.shape
+    a = np.minimum(acc, g)
+    prefix = torch.from_numpy(np.where(ref < 0, 0, ref).astype(np.int32))
+    o = NgramDraft(out.tokens[:bs], out.length[:bs], out.match_len[:bs], out.match_count[:bs], out.in_prompt[:bs])
+    hist.run_after(slots, prefix, lambda: hist.lookup(slots, cfg, o), counts=torch.from_numpy(a.astype(np.int32)))
+    d, dl = o.tokens.numpy().astype(np.int64), o.length.numpy().astype(np.int64)
+    j = np.arange(g)[None, :] - a[:, None]  # the draft's column for each chain column (negative before acc)
+    jc = np.clip(j, 0, g - 1)
+    cand = np.take_along_axis(d, jc, axis=1)
+    rows = np.arange(bs)
+    first_right = (a < g) & (dl > 0) & (d[:, 0] == ref[rows, np.minimum(a, g - 1)])
+    use = (j >= 0) & (j < dl[:, None]) & ~first_right[:, None]
+    return np.where(use, cand, shift)
 
 
 def _prefill(hist: TokenHistory, admitted: list[tuple[int, Request]]) -> None:
