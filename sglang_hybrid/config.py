@@ -81,7 +81,7 @@ class HybridConfig:
     # cut after token k = gamma - model_splices .. gamma - 1 and continued by the request's own n-gram; 0 = off
     splice_margin: float = 0.2  # expected tokens a splice must add over the model chain (at the last step's price)
     model_echo: bool = True  # where a lookup after the model chain's first k tokens matches (the tail's: k = gamma;
-    # the splices'), those tokens are priced by the traffic's record of such echoes (calibration/echo.py)
+    # the splices'; the probes'), those tokens are priced by the traffic's record of such echoes (calibration/echo.py)
     echo_probes: int = 4  # with model_echo: lookups after the model chain's first k tokens, k = gamma - echo_probes
     # .. gamma - 1 (the splices' points excepted), that only extend the echo's reach (ModelEcho.probe); 0 = off
     fairness: float = 0.0  # each request's survivals times (the batch's lowest speed relative to DSpark's plan for
