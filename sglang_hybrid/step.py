@@ -142,7 +142,7 @@ class HybridStep:
             width=gamma + (self.tail.tail if self.tail is not None else 0), gamma=gamma, lookup_cfg=self.ngram_cfg,
             max_bs=max_bs, device=self.device)
         # The history's echo of the model chain (calibration/echo.py): the model tokens a lookup after them (the
-        # tail's, the splices') finds in the history, priced by the traffic's record of such echoes.
+        # tail's, the probes' (echo_probes), the splices') finds in the history, priced by the traffic's record.
         self.echo = make_step_echo(
             cfg.model_echo and cfg.enable_model and cfg.enable_ngram, tail=self.tail is not None,
             splice_points=self.splice.points if self.splice is not None else (), probes=cfg.echo_probes,
