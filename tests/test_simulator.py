@@ -296,7 +296,7 @@ def test_history_wrong_tokens_copy_what_follows_the_right_prefix():
     ref = np.array([[3, 4, 20, 21], [3, 4, 5, 6], [1, 2, 3, 4]])
     acc = np.array([2, 2, 1])
     shift = ref + 1
-    out = NgramDraft(torch.zeros(4, 4, dtype=torch.int32), *(torch.zeros(4, dtype=torch.int32) for _ in range(4)))
+    out = NgramDraft.zeros(4, 4, "cpu")
     w = _history_wrong(h, torch.arange(3), ref, acc, shift, NgramConfig(max_draft=4), out)
     assert w[0].tolist() == [4, 5, 5, 6]  # columns 2, 3: the history's 5 6 after "3 4" (before acc: ignored)
     assert w[1].tolist() == shift[1].tolist()  # the history's next token (5) is the reference's: shift

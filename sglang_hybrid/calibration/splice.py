@@ -65,7 +65,7 @@ class ModelSplice:
         d = width - self.points[0]
         self.cfg = NgramConfig(n_min=lookup_cfg.n_min, n_max=lookup_cfg.n_max, max_draft=d, window=lookup_cfg.window)
         i32, f32 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.float32, device=dev)
-        self._draft = NgramDraft(torch.zeros(max_bs, d, **i32), *(torch.zeros(max_bs, **i32) for _ in range(4)))
+        self._draft = NgramDraft.zeros(max_bs, d, dev)
         self._q, self._s = torch.zeros(max_bs, d, **f32), torch.zeros(max_bs, d, **f32)
         self.tokens = torch.zeros(max_bs, width, **i32)  # the kept chain
         self.survival = torch.zeros(max_bs, width, **f32)
@@ -100,8 +100,7 @@ class ModelSplice:
         if v is None:
             d = self._draft
             v = SimpleNamespace(
-                draft=NgramDraft(d.tokens[:bs], d.length[:bs], d.match_len[:bs], d.match_count[:bs],
-                                 d.in_prompt[:bs]),
+                draft=d.rows(bs),
                 q=self._q[:bs], s=self._s[:bs], tok=self.tokens[:bs], sv=self.survival[:bs], cond=self.cond[:bs],
                 point=self.point[:bs], csv=self._csv[:bs], ccond=self._ccond[:bs],
                 best=self._best[:bs], cand=self._cand[:bs], take=self._take[:bs], gap=self._gap[:bs],

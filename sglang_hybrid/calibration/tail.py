@@ -57,7 +57,7 @@ class ModelTail:
         self.gamma, self.tail, self.lookup_cfg = gamma, tail, lookup_cfg
         i32 = dict(dtype=torch.int32, device=dev)
         # The tail lookup's own output buffers (the history's default buffers hold the step's main lookup).
-        self._draft = NgramDraft(torch.zeros(max_bs, tail, **i32), *(torch.zeros(max_bs, **i32) for _ in range(4)))
+        self._draft = NgramDraft.zeros(max_bs, tail, dev)
         self.q = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
         self.surv = torch.zeros(max_bs, tail, dtype=torch.float32, device=dev)
         self.tokens = torch.zeros(max_bs, gamma + tail, **i32)  # the extended chain
@@ -99,8 +99,7 @@ class ModelTail:
                                 e_cp=self._e_cp[:bs], pick=self._pick[:bs])
             v.tok_model, v.tok_tail = v.tok[:, :g], v.tok[:, g:]
             v.sv_model, v.sv_tail = v.sv[:, :g], v.sv[:, g:]
-            v.draft = NgramDraft(d.tokens[:bs], d.length[:bs], d.match_len[:bs], d.match_count[:bs],
-                                 d.in_prompt[:bs])
+            v.draft = d.rows(bs)
             self._view_cache[bs] = v
         return v
 

@@ -59,6 +59,17 @@ class NgramDraft:
     match_count: torch.Tensor
     in_prompt: torch.Tensor
 
+    @classmethod
+    def zeros(cls, rows: int, width: int, device: torch.device | str) -> "NgramDraft":
+        """Zeroed int32 buffers for ``rows`` lookups of up to ``width`` tokens (``TokenHistory.lookup(..., out=)``)."""
+        i32 = dict(dtype=torch.int32, device=device)
+        return cls(torch.zeros(rows, width, **i32), *(torch.zeros(rows, **i32) for _ in range(4)))
+
+    def rows(self, bs: int) -> "NgramDraft":
+        """Views of the first ``bs`` rows."""
+        return NgramDraft(self.tokens[:bs], self.length[:bs], self.match_len[:bs], self.match_count[:bs],
+                          self.in_prompt[:bs])
+
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
         """``(tokens, length, match_len, match_count, in_prompt)``: the launchers' output order."""
         return (self.tokens, self.length, self.match_len, self.match_count, self.in_prompt)

@@ -397,6 +397,12 @@ def ngram_probe_ref(
     dev = tokens.device
     step = max(1, _LOOKUP_CHUNK_ELEMS // (2 * (sh + g) + 1))
     x = torch.arange(sh, device=dev, dtype=torch.int64).view(1, -1)
+    top = sh + g - 2  # the ends any point can reach (each row's own bound, Sh + k - 2, is a mask below)
+    m = max(top - (n - 1) + 1, 0)  # ends x_e in [n - 1, top]
+    if m == 0:
+        out_matched.zero_()
+        return
+    ends = torch.arange(n - 1, top + 1, device=dev, dtype=torch.int64).view(1, -1)  # [1, m]
     for b0 in range(0, bs, step):
         b1 = min(bs, b0 + step)
         t = T[b0:b1].view(-1, 1)  # [c, 1]
@@ -409,12 +415,6 @@ def ngram_probe_ref(
             # x-coordinates: logical p = T - Sh + x. Oldest valid x after appending k tokens: max(Sh - T, Sh + k - W).
             lo_x = torch.maximum(sh - t, sh + k - width)  # [c, 1]
             low = torch.maximum(lo_x + (n - 1), sh + k - 1 - win)  # the lowest end whose n-gram is all valid
-            top = sh + g - 2  # ends run up to Sh + k - 2: bounded per row below with `k`
-            m = max(top - (n - 1) + 1, 0)  # ends x_e in [n - 1, top]
-            if m == 0:
-                out[:, i].zero_()
-                continue
-            ends = torch.arange(n - 1, top + 1, device=dev, dtype=torch.int64).view(1, -1)  # [1, m]
             alive = (ends >= low) & (ends <= sh + k - 2)
             qcol = sh + k - 1  # [1]: the query's last column, the same for every row
             for j in range(n):

@@ -205,8 +205,7 @@ def run_policy(
     if wrong_tokens == "history":  # the adversary's lookup after the model's right prefix
         hist.reserve_after(gamma)
         wcfg = NgramConfig(max_draft=gamma)
-        wout = NgramDraft(torch.zeros(batch_size, gamma, dtype=torch.int32),
-                          *(torch.zeros(batch_size, dtype=torch.int32) for _ in range(4)))
+        wout = NgramDraft.zeros(batch_size, gamma, "cpu")
     while queue or (slot_req >= 0).any():
         free = np.flatnonzero(slot_req < 0)[: len(queue)]  # the lowest free slots, in order
         if len(free):
@@ -305,7 +304,7 @@ def _history_wrong(hist: TokenHistory, slots: torch.Tensor, ref: np.ndarray, acc
     bs, g = ref.shape
     a = np.minimum(acc, g)
     prefix = torch.from_numpy(np.where(ref < 0, 0, ref).astype(np.int32))
-    o = NgramDraft(out.tokens[:bs], out.length[:bs], out.match_len[:bs], out.match_count[:bs], out.in_prompt[:bs])
+    o = out.rows(bs)
     hist.run_after(slots, prefix, lambda: hist.lookup(slots, cfg, o), counts=torch.from_numpy(a.astype(np.int32)))
     d, dl = o.tokens.numpy().astype(np.int64), o.length.numpy().astype(np.int64)
     j = np.arange(g)[None, :] - a[:, None]  # the draft's column for each chain column (negative before acc)
